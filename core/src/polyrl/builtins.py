@@ -1,0 +1,47 @@
+"""polyrl's built-in plugins. They register through the same hooks as third-party plugins;
+every implementation is named by import string so that listing plugins stays light."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl.hookspecs import hookimpl
+from polyrl.specs import LoggerSpec, PolicyLossSpec, RewardProviderSpec
+
+
+@hookimpl
+def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
+    yield PolicyLossSpec(
+        name="vanilla",
+        description="PPO clipped surrogate with separate low/high clip ratios and dual clip",
+        fn="polyrl.algorithms.policy_loss:vanilla_policy_loss",
+    )
+
+
+@hookimpl
+def polyrl_reward_providers() -> Iterator[RewardProviderSpec]:
+    yield RewardProviderSpec(
+        name="naive",
+        description="Verifiable scorers chosen by data_source, or custom_reward_function, "
+        "in parallel processes with a per-sample timeout",
+        provider="polyrl.rewards.provider:NaiveRewardProvider",
+    )
+
+
+@hookimpl
+def polyrl_loggers() -> Iterator[LoggerSpec]:
+    yield LoggerSpec(
+        name="console",
+        description="Live progress bar with the step's key figures",
+        logger="polyrl.loggers.console:ConsoleLogger",
+    )
+    yield LoggerSpec(
+        name="jsonl",
+        description="One JSON object per step in ${trainer.default_local_dir}/metrics.jsonl",
+        logger="polyrl.loggers.jsonl:JsonlLogger",
+    )
+    yield LoggerSpec(
+        name="tensorboard",
+        description="TensorBoard event files in ${trainer.default_local_dir}/tensorboard",
+        logger="polyrl.loggers.tensorboard:TensorboardLogger",
+    )

@@ -1,0 +1,65 @@
+"""Check override keys against the schema before Hydra sees them, to suggest the closest key."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields, is_dataclass
+from typing import Any, get_type_hints
+
+from polyrl.config.schema import PolyrlConfig
+from polyrl.errors import ConfigError
+
+# Keys under these prefixes are free-form dicts: anything goes below them.
+FREE_FORM_PREFIXES = ("plugins", "actor_rollout_ref.rollout.engine_kwargs",
+                      "actor_rollout_ref.model.override_config", "critic.model", "trainer.ray_init")
+GROUP_KEYS = ("recipe",)
+
+
+def schema_keys(node: Any = PolyrlConfig, prefix: str = "") -> list[str]:
+    """Every dotted key the schema declares (leaves and groups)."""
+    keys: list[str] = []
+    hints = get_type_hints(node)
+    for f in fields(node):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        hint = hints[f.name]
+        if is_dataclass(hint):
+            keys.extend(schema_keys(hint, key + "."))
+    return keys
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Raise :class:`ConfigError` for an override whose key the schema does not declare."""
+    valid = set(schema_keys())
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" not in override and not override.startswith("~"):
+            raise ConfigError(
+                f"override {override!r} has no value: write it as key=value, "
+                f"e.g. trainer.total_training_steps=10"
+            )
+        if key in GROUP_KEYS or key in valid or key.startswith(tuple(p + "." for p in FREE_FORM_PREFIXES)):
+            continue
+        raise ConfigError(unknown_key_message(key, valid))
+
+
+def unknown_key_message(key: str, valid: set[str]) -> str:
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k for k in valid if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6) or difflib.get_close_matches(
+        key, sorted(valid), n=1, cutoff=0.6
+    )
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown config key {key!r}.{hint} Run `polyrl config` to see every key."
+
+
+def hydra_error_to_config_error(exc: Exception) -> ConfigError:
+    """Hydra's messages are long and mention internals; keep the line that says what is wrong."""
+    message = str(exc).strip()
+    if "recipe" in message and ("Could not find" in message or "not found" in message):
+        from polyrl.config.recipes import available_recipes
+
+        return ConfigError(
+            f"unknown recipe. Available recipes: {', '.join(available_recipes())}. ({message.splitlines()[0]})"
+        )
+    return ConfigError(f"invalid config: {' '.join(message.split())}")

@@ -1,0 +1,170 @@
+"""The hook specifications a polyrl plugin implements.
+
+A plugin is a module listed under the entry-point group ``polyrl`` in its package metadata::
+
+    [project.entry-points.polyrl]
+    mysandbox = "polyrl_reward_mysandbox.plugin"
+
+That module defines functions decorated with :data:`hookimpl` whose names match the specs
+below. Each hook returns an iterable of registration dataclasses of one kind (see
+:mod:`polyrl.specs`). Keep the module light: import heavy libraries inside the implementation
+(or name it with an import string), never at the top of the entry-point module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pluggy
+
+from polyrl.specs import (
+    AdvantageEstimatorSpec,
+    LoggerSpec,
+    PolicyLossSpec,
+    RewardProviderSpec,
+    RolloutEngineSpec,
+    TrainingEngineSpec,
+)
+
+PROJECT_NAME = "polyrl"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def polyrl_training_engines() -> Iterable[TrainingEngineSpec]:
+    """Register training engines, selected by ``actor_rollout_ref.actor.strategy=<name>``.
+
+    Example::
+
+        from polyrl import hookimpl
+        from polyrl.specs import TrainingEngineSpec
+
+        @hookimpl
+        def polyrl_training_engines():
+            yield TrainingEngineSpec(
+                name="myengine",
+                description="My data-parallel trainer",
+                engine="polyrl_engine_mine.engine:MyEngine",  # a polyrl.interfaces.TrainingEngine
+                supports_cpu=True,
+            )
+    """
+
+
+@hookspec
+def polyrl_rollout_engines() -> Iterable[RolloutEngineSpec]:
+    """Register rollout (generation) engines, selected by ``actor_rollout_ref.rollout.name=<name>``.
+
+    Example::
+
+        from polyrl import hookimpl
+        from polyrl.specs import RolloutEngineSpec
+
+        @hookimpl
+        def polyrl_rollout_engines():
+            yield RolloutEngineSpec(
+                name="mygen",
+                description="Sampling with my inference server",
+                engine="polyrl_rollout_mine.engine:MyRollout",  # a polyrl.interfaces.RolloutEngine
+                supports_cpu=True,
+                supports_sleep=False,
+            )
+    """
+
+
+@hookspec
+def polyrl_advantage_estimators() -> Iterable[AdvantageEstimatorSpec]:
+    """Register advantage estimators, selected by ``algorithm.adv_estimator=<name>``.
+
+    The callable follows :data:`polyrl.interfaces.AdvantageEstimatorFn`.
+
+    Example::
+
+        import torch
+        from polyrl import hookimpl
+        from polyrl.specs import AdvantageEstimatorSpec
+
+        def sign_advantage(*, token_level_rewards, response_mask, index, config, values=None):
+            score = token_level_rewards.sum(-1)
+            adv = torch.sign(score).unsqueeze(-1) * response_mask
+            return adv, adv
+
+        @hookimpl
+        def polyrl_advantage_estimators():
+            yield AdvantageEstimatorSpec(
+                name="sign", description="+1/-1 by the sign of the outcome reward", fn=sign_advantage
+            )
+    """
+
+
+@hookspec
+def polyrl_policy_losses() -> Iterable[PolicyLossSpec]:
+    """Register policy losses, selected by ``actor_rollout_ref.actor.policy_loss.loss_mode=<name>``.
+
+    The callable follows :data:`polyrl.interfaces.PolicyLossFn`: it returns a per-token loss
+    matrix and metrics; the trainer aggregates the matrix with ``loss_agg_mode``.
+
+    Example::
+
+        from polyrl import hookimpl
+        from polyrl.specs import PolicyLossSpec
+
+        def reinforce(*, old_log_prob, log_prob, advantages, response_mask, config):
+            return -advantages * log_prob, {}
+
+        @hookimpl
+        def polyrl_policy_losses():
+            yield PolicyLossSpec(name="reinforce", description="-A * log pi", fn=reinforce)
+    """
+
+
+@hookspec
+def polyrl_reward_providers() -> Iterable[RewardProviderSpec]:
+    """Register reward providers, selected by ``reward_model.reward_manager=<name>``.
+
+    Example::
+
+        from polyrl import hookimpl
+        from polyrl.interfaces import RewardProvider, RewardResult
+        from polyrl.specs import RewardProviderSpec
+
+        class LengthPenalty(RewardProvider):
+            def score(self, samples):
+                return [RewardResult(score=-len(s.solution_str) / 1000) for s in samples]
+
+        @hookimpl
+        def polyrl_reward_providers():
+            yield RewardProviderSpec(
+                name="length", description="Shorter is better", provider=LengthPenalty
+            )
+    """
+
+
+@hookspec
+def polyrl_loggers() -> Iterable[LoggerSpec]:
+    """Register metrics loggers, selected by ``trainer.logger=[<name>, ...]``.
+
+    Example::
+
+        from polyrl import hookimpl
+        from polyrl.interfaces import MetricsLogger
+        from polyrl.specs import LoggerSpec
+
+        class PrintLogger(MetricsLogger):
+            def log(self, metrics, step):
+                print(step, metrics)
+
+        @hookimpl
+        def polyrl_loggers():
+            yield LoggerSpec(name="print", description="print() every step", logger=PrintLogger)
+    """
+
+
+HOOK_NAMES = (
+    "polyrl_training_engines",
+    "polyrl_rollout_engines",
+    "polyrl_advantage_estimators",
+    "polyrl_policy_losses",
+    "polyrl_reward_providers",
+    "polyrl_loggers",
+)

@@ -1,0 +1,34 @@
+"""The interface a metrics logger implements (console, jsonl, tensorboard, wandb ...)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LoggerContext:
+    """``log_dir`` is ``trainer.default_local_dir``; ``config`` the whole resolved config as a dict;
+    ``total_steps`` lets progress displays show how far the run is."""
+
+    project_name: str
+    experiment_name: str
+    log_dir: str
+    total_steps: int
+    config: dict[str, Any] = field(default_factory=dict)
+    resumed_from_step: int = 0
+
+
+class MetricsLogger(ABC):
+    """Receives one dict of scalar metrics per training step (and per validation)."""
+
+    def __init__(self, ctx: LoggerContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record ``metrics`` for ``step``."""
+
+    def finish(self) -> None:
+        """Flush and close at the end of the run (also after a crash)."""

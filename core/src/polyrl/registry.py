@@ -1,0 +1,277 @@
+"""Plugin discovery and lookup.
+
+Discovery loads every entry point of the group ``polyrl`` (plus polyrl's own built-ins, which
+register through the same hooks) in whichever process asks: the driver and each Ray worker call
+:func:`get_registry` themselves. A plugin that fails to import, or whose hook raises, is recorded
+as broken with its error instead of breaking unrelated commands; the error is shown when a user
+selects one of its names and in ``polyrl plugins``.
+
+Environment variables (read at discovery time):
+
+``POLYRL_DISABLE_PLUGIN_AUTOLOAD=1``
+    load no installed plugin packages, only polyrl's built-ins (tests, debugging).
+``POLYRL_PLUGINS=name1,name2``
+    load only these entry points (by entry-point name or distribution name).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from polyrl import hookspecs
+from polyrl.errors import PolyrlError
+from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, PluginKind
+
+ENTRY_POINT_GROUP = "polyrl"
+DISABLE_AUTOLOAD_ENV = "POLYRL_DISABLE_PLUGIN_AUTOLOAD"
+ONLY_PLUGINS_ENV = "POLYRL_PLUGINS"
+BUILTIN_DISTRIBUTION = "polyrl"
+
+HOOK_OF_KIND = {
+    PluginKind.TRAINING_ENGINE: "polyrl_training_engines",
+    PluginKind.ROLLOUT_ENGINE: "polyrl_rollout_engines",
+    PluginKind.ADVANTAGE_ESTIMATOR: "polyrl_advantage_estimators",
+    PluginKind.POLICY_LOSS: "polyrl_policy_losses",
+    PluginKind.REWARD_PROVIDER: "polyrl_reward_providers",
+    PluginKind.LOGGER: "polyrl_loggers",
+}
+
+
+class PluginNotFoundError(PolyrlError):
+    """No plugin of that kind has that name."""
+
+
+class PluginConflictError(PolyrlError):
+    """Two packages registered the same name for the same kind."""
+
+
+class PluginBrokenError(PolyrlError):
+    """The plugin that provides a name failed to import or to load its implementation."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a registration came from."""
+
+    plugin: str
+    distribution: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A spec plus where it came from."""
+
+    kind: PluginKind
+    spec: Any
+    provenance: Provenance
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def load(self) -> Any:
+        """Resolve the implementation; an import failure names the package and how to fix it."""
+        try:
+            return self.spec.load()
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin's import is reported
+            raise PluginBrokenError(
+                f"{self.kind.value} {self.name!r} from package {self.provenance.distribution} "
+                f"{self.provenance.version} failed to load: {type(exc).__name__}: {exc}. "
+                f"Reinstall it or install its missing dependencies "
+                f"(pip install '{self.provenance.distribution}')."
+            ) from exc
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plugin module that could not be imported, or whose hook raised."""
+
+    plugin: str
+    distribution: str
+    version: str
+    error: str
+    traceback: str
+
+
+class Registry:
+    """Every registration of every kind, with provenance, conflicts and broken plugins."""
+
+    def __init__(self) -> None:
+        self.registrations: dict[PluginKind, dict[str, list[Registration]]] = {
+            kind: defaultdict(list) for kind in PluginKind
+        }
+        self.broken: list[BrokenPlugin] = []
+        self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.plugin_manager.add_hookspecs(hookspecs)
+
+    # ---- building --------------------------------------------------------------------------
+    def add_plugin(self, module: ModuleType | object, provenance: Provenance) -> None:
+        """Register a plugin module (or object with hookimpls) and collect its registrations."""
+        try:
+            self.plugin_manager.register(module, name=provenance.plugin)
+        except Exception as exc:  # noqa: BLE001 - a malformed plugin must not break discovery
+            self._mark_broken(provenance, exc)
+            return
+        for kind, hook_name in HOOK_OF_KIND.items():
+            for impl in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
+                if impl.plugin is not module:
+                    continue
+                try:
+                    specs = list(impl.function() or ())
+                    for spec in specs:
+                        self._add_spec(kind, spec, provenance)
+                except Exception as exc:  # noqa: BLE001
+                    self._mark_broken(provenance, exc)
+
+    def _add_spec(self, kind: PluginKind, spec: Any, provenance: Provenance) -> None:
+        expected = SPEC_TYPES[kind]
+        if not isinstance(spec, expected):
+            raise TypeError(
+                f"hook {HOOK_OF_KIND[kind]} must yield {expected.__name__} objects, "
+                f"got {type(spec).__name__}"
+            )
+        self.registrations[kind][spec.name].append(Registration(kind, spec, provenance))
+
+    def _mark_broken(self, provenance: Provenance, exc: BaseException) -> None:
+        self.broken.append(
+            BrokenPlugin(
+                plugin=provenance.plugin,
+                distribution=provenance.distribution,
+                version=provenance.version,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+
+    # ---- lookup ----------------------------------------------------------------------------
+    def names(self, kind: PluginKind) -> list[str]:
+        return sorted(self.registrations[kind])
+
+    def all(self, kind: PluginKind | None = None) -> list[Registration]:
+        kinds = [kind] if kind else list(PluginKind)
+        return [
+            reg
+            for k in kinds
+            for name in sorted(self.registrations[k])
+            for reg in self.registrations[k][name]
+        ]
+
+    def get(self, kind: PluginKind, name: str) -> Registration:
+        """The registration of ``name``, or an error that tells the user what to do."""
+        found = self.registrations[kind].get(name, [])
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            providers = ", ".join(
+                f"{r.provenance.distribution} {r.provenance.version} (plugin {r.provenance.plugin})"
+                for r in found
+            )
+            raise PluginConflictError(
+                f"{kind.value} {name!r} is registered by more than one package: {providers}. "
+                f"Uninstall one, or limit loading with {ONLY_PLUGINS_ENV}=<plugin,...>."
+            )
+        raise PluginNotFoundError(self._unknown_name_message(kind, name))
+
+    def load(self, kind: PluginKind, name: str) -> Any:
+        """Shortcut: look up ``name`` and resolve its implementation."""
+        return self.get(kind, name).load()
+
+    def _unknown_name_message(self, kind: PluginKind, name: str) -> str:
+        lines = [f"unknown {kind.value} {name!r} (config key {kind.config_key})."]
+        available = self.all(kind)
+        if available:
+            listing = ", ".join(f"{r.name} ({r.provenance.distribution})" for r in available)
+            lines.append(f"Valid names: {listing}.")
+        else:
+            lines.append("No plugin of this kind is installed.")
+        close = difflib.get_close_matches(name, self.names(kind), n=1)
+        if close:
+            lines.append(f"Did you mean {close[0]!r}?")
+        package = FIRST_PARTY_PACKAGES[kind].get(name)
+        if package:
+            broken = [b for b in self.broken if b.distribution == package]
+            if broken:
+                lines.append(
+                    f"Package {package} is installed but failed to load: {broken[0].error}"
+                )
+            else:
+                lines.append(f"{name!r} is provided by the package {package}: pip install {package}")
+        elif self.broken:
+            failed = "; ".join(f"{b.distribution} ({b.error})" for b in self.broken)
+            lines.append(f"These plugin packages failed to load and may provide it: {failed}")
+        return " ".join(lines)
+
+
+def _distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return "unknown", "unknown"
+    return dist.metadata["Name"], dist.version
+
+
+def _selected(entry_point: metadata.EntryPoint, distribution: str) -> bool:
+    only = os.environ.get(ONLY_PLUGINS_ENV, "").strip()
+    if not only:
+        return True
+    wanted = {item.strip() for item in only.split(",") if item.strip()}
+    return entry_point.name in wanted or distribution in wanted
+
+
+def discover() -> Registry:
+    """Build a registry from the built-ins and the installed entry points (see module doc)."""
+    from polyrl import builtins  # light: only specs with import strings
+
+    registry = Registry()
+    registry.add_plugin(
+        builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, _core_version())
+    )
+    if os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() in ("1", "true", "yes"):
+        return registry
+    seen: set[tuple[str, str]] = set()
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        distribution, version = _distribution_of(entry_point)
+        if (entry_point.name, distribution) in seen or not _selected(entry_point, distribution):
+            continue
+        seen.add((entry_point.name, distribution))
+        provenance = Provenance(entry_point.name, distribution, version)
+        try:
+            module = entry_point.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
+            registry._mark_broken(provenance, exc)
+            continue
+        registry.add_plugin(module, provenance)
+    return registry
+
+
+def _core_version() -> str:
+    try:
+        return metadata.version(BUILTIN_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_registry: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, discovered on first use."""
+    global _registry
+    if _registry is None:
+        _registry = discover()
+    return _registry
+
+
+def set_registry(registry: Registry | None) -> None:
+    """Replace (or with ``None``, forget) the process-wide registry; used by ``polyrl.testing``."""
+    global _registry
+    _registry = registry

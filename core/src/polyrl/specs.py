@@ -1,0 +1,232 @@
+"""Typed registration records that plugins return from their hooks.
+
+One dataclass per plugin kind (the conda style): a hook returns instances of exactly one of
+these, so the registry can check what it gets and ``polyrl plugins`` can list it. Heavy
+implementations (engines) are given as an import string ``"package.module:Attribute"`` and
+resolved only when selected, so that listing plugins never imports torch, vLLM or Megatron.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+
+class PluginKind(str, Enum):
+    """The kinds of plugin polyrl knows, with the config key that selects each."""
+
+    TRAINING_ENGINE = "training_engine"
+    ROLLOUT_ENGINE = "rollout_engine"
+    ADVANTAGE_ESTIMATOR = "advantage_estimator"
+    POLICY_LOSS = "policy_loss"
+    REWARD_PROVIDER = "reward_provider"
+    LOGGER = "logger"
+
+    @property
+    def config_key(self) -> str:
+        return _CONFIG_KEYS[self]
+
+
+_CONFIG_KEYS = {
+    PluginKind.TRAINING_ENGINE: "actor_rollout_ref.actor.strategy",
+    PluginKind.ROLLOUT_ENGINE: "actor_rollout_ref.rollout.name",
+    PluginKind.ADVANTAGE_ESTIMATOR: "algorithm.adv_estimator",
+    PluginKind.POLICY_LOSS: "actor_rollout_ref.actor.policy_loss.loss_mode",
+    PluginKind.REWARD_PROVIDER: "reward_model.reward_manager",
+    PluginKind.LOGGER: "trainer.logger",
+}
+
+
+def resolve_object(target: Any) -> Any:
+    """Return ``target`` itself, or the attribute an import string ``"pkg.mod:attr"`` names.
+
+    Import errors propagate unchanged: the registry wraps them into a message naming the package.
+    """
+    if not isinstance(target, str):
+        return target
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"import string {target!r} must look like 'package.module:Attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Fields every registration has. ``config_class`` optionally names a dataclass that
+    describes the plugin's own config section ``plugins.<name>`` (validated by ``polyrl validate``)."""
+
+    name: str
+    description: str
+
+    def capability_flags(self) -> dict[str, Any]:
+        """Capability flags of this registration, as shown by ``polyrl plugins``."""
+        return {}
+
+    def load(self) -> Any:
+        """Resolve and return the implementation (may import heavy modules)."""
+        raise TypeError(f"{type(self).__name__} must define load()")
+
+
+@dataclass(frozen=True)
+class TrainingEngineSpec(_Spec):
+    """A training backend (FSDP2, Megatron, DeepSpeed ...).
+
+    ``engine`` is a :class:`polyrl.interfaces.TrainingEngine` subclass or an import string to one.
+    """
+
+    engine: type | str = ""
+    supports_cpu: bool = False
+    supports_cuda: bool = True
+    supports_lora: bool = False
+    supports_sequence_packing: bool = False
+    supports_weight_sync: bool = True
+    supports_checkpoint: bool = True
+    config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {
+            "cpu": self.supports_cpu,
+            "cuda": self.supports_cuda,
+            "lora": self.supports_lora,
+            "sequence_packing": self.supports_sequence_packing,
+            "weight_sync": self.supports_weight_sync,
+            "checkpoint": self.supports_checkpoint,
+        }
+
+    def load(self) -> type:
+        return resolve_object(self.engine)
+
+
+@dataclass(frozen=True)
+class RolloutEngineSpec(_Spec):
+    """A generation backend (vLLM, SGLang, HF generate ...).
+
+    ``engine`` is a :class:`polyrl.interfaces.RolloutEngine` subclass or an import string to one.
+    ``supports_sleep`` means the engine can free its memory between generations (hybrid engine).
+    """
+
+    engine: type | str = ""
+    supports_cpu: bool = False
+    supports_cuda: bool = True
+    supports_weight_sync: bool = True
+    supports_sleep: bool = False
+    supports_logprobs: bool = True
+    config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {
+            "cpu": self.supports_cpu,
+            "cuda": self.supports_cuda,
+            "weight_sync": self.supports_weight_sync,
+            "sleep": self.supports_sleep,
+            "logprobs": self.supports_logprobs,
+        }
+
+    def load(self) -> type:
+        return resolve_object(self.engine)
+
+
+@dataclass(frozen=True)
+class AdvantageEstimatorSpec(_Spec):
+    """An advantage estimator: a callable with the signature documented in
+    :data:`polyrl.interfaces.AdvantageEstimatorFn`.
+
+    ``requires_critic``: the trainer must build a critic (GAE). ``requires_groups``: it compares
+    samples of one prompt, so ``actor_rollout_ref.rollout.n`` must be at least 2 (GRPO, RLOO).
+    ``default_loss_agg_mode`` overrides the actor's aggregation when the user left it at default
+    (Dr.GRPO needs ``seq-mean-token-sum-norm``).
+    """
+
+    fn: Callable[..., Any] | str = ""
+    requires_critic: bool = False
+    requires_groups: bool = False
+    default_loss_agg_mode: str | None = None
+    config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        flags: dict[str, Any] = {"critic": self.requires_critic, "groups": self.requires_groups}
+        if self.default_loss_agg_mode:
+            flags["loss_agg_mode"] = self.default_loss_agg_mode
+        return flags
+
+    def load(self) -> Callable[..., Any]:
+        return resolve_object(self.fn)
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec(_Spec):
+    """A policy loss: a callable with the signature of :data:`polyrl.interfaces.PolicyLossFn`."""
+
+    fn: Callable[..., Any] | str = ""
+    config_class: type | str | None = None
+
+    def load(self) -> Callable[..., Any]:
+        return resolve_object(self.fn)
+
+
+@dataclass(frozen=True)
+class RewardProviderSpec(_Spec):
+    """A reward provider: a :class:`polyrl.interfaces.RewardProvider` subclass or import string.
+
+    ``data_sources`` lists the ``data_source`` values it scores natively (empty: any / user-defined).
+    """
+
+    provider: type | str = ""
+    data_sources: tuple[str, ...] = field(default_factory=tuple)
+    config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {"data_sources": list(self.data_sources)} if self.data_sources else {}
+
+    def load(self) -> type:
+        return resolve_object(self.provider)
+
+
+@dataclass(frozen=True)
+class LoggerSpec(_Spec):
+    """A metrics logger: a :class:`polyrl.interfaces.MetricsLogger` subclass or import string."""
+
+    logger: type | str = ""
+    config_class: type | str | None = None
+
+    def load(self) -> type:
+        return resolve_object(self.logger)
+
+
+SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
+    PluginKind.TRAINING_ENGINE: TrainingEngineSpec,
+    PluginKind.ROLLOUT_ENGINE: RolloutEngineSpec,
+    PluginKind.ADVANTAGE_ESTIMATOR: AdvantageEstimatorSpec,
+    PluginKind.POLICY_LOSS: PolicyLossSpec,
+    PluginKind.REWARD_PROVIDER: RewardProviderSpec,
+    PluginKind.LOGGER: LoggerSpec,
+}
+
+# Names of first-party plugins and the pip package that provides each: used in "unknown name"
+# errors so that a user who selects a backend they have not installed is told what to install.
+FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
+    PluginKind.TRAINING_ENGINE: {
+        "fsdp2": "polyrl-engine-fsdp",
+        "fsdp": "polyrl-engine-fsdp",
+        "megatron": "polyrl-engine-megatron",
+        "deepspeed": "polyrl-engine-deepspeed",
+    },
+    PluginKind.ROLLOUT_ENGINE: {
+        "vllm": "polyrl-rollout-vllm",
+        "sglang": "polyrl-rollout-sglang",
+        "hf": "polyrl-rollout-hf",
+    },
+    PluginKind.ADVANTAGE_ESTIMATOR: {
+        "grpo": "polyrl-algo-grpo",
+        "drgrpo": "polyrl-algo-grpo",
+        "dr_grpo": "polyrl-algo-grpo",
+    },
+    PluginKind.POLICY_LOSS: {},
+    PluginKind.REWARD_PROVIDER: {},
+    PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
+}
