@@ -1,0 +1,104 @@
+"""The actor's micro-batch loss: policy loss + entropy bonus + KL loss, each aggregated with
+``loss_agg_mode`` and normalised by the totals of the MINI-batch.
+
+The training engine calls the returned function once per micro-batch and sums the gradients, so
+the returned loss must be the micro-batch's share of the mini-batch loss. The trainer puts the
+mini-batch totals in ``mini_batch.meta["loss_norm"]`` (see
+:func:`polyrl.algorithms.loss_agg.loss_norm_totals`); micro-batches inherit ``meta``. Logged
+metrics, in contrast, are the micro-batch's own plain aggregates, which the engine averages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from polyrl.algorithms._config import cfg_get
+from polyrl.algorithms.kl import kl_penalty
+from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+    from polyrl.interfaces import MicroBatchLossFn, PolicyLossFn
+
+LOSS_NORM_KEY = "loss_norm"
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().item())
+    return float(value)
+
+
+def make_actor_loss_fn(
+    actor_cfg: Any, policy_loss_fn: PolicyLossFn, *, loss_agg_mode: str | None = None
+) -> MicroBatchLossFn:
+    """Build the :class:`~polyrl.interfaces.MicroBatchLossFn` of the actor update.
+
+    Reads ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef`` and
+    ``kl_loss_type`` from ``actor_cfg`` (the ``actor_rollout_ref.actor`` node); the policy loss
+    reads its own knobs from the same node. ``loss_agg_mode`` overrides the config's (the trainer
+    passes an estimator's ``default_loss_agg_mode`` here, e.g. Dr.GRPO's).
+
+    The micro-batch must hold ``old_log_probs``, ``advantages``, ``response_mask`` and, when
+    ``use_kl_loss``, ``ref_log_prob``.
+    """
+    mode = check_loss_agg_mode(loss_agg_mode or cfg_get(actor_cfg, "loss_agg_mode", "token-mean"))
+    entropy_coeff = float(cfg_get(actor_cfg, "entropy_coeff", 0.0))
+    use_kl_loss = bool(cfg_get(actor_cfg, "use_kl_loss", False))
+    kl_coef = float(cfg_get(actor_cfg, "kl_loss_coef", 0.001))
+    kl_type = str(cfg_get(actor_cfg, "kl_loss_type", "low_var_kl"))
+
+    def actor_loss(
+        micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = micro_batch["response_mask"]
+        norm = dict(micro_batch.meta.get(LOSS_NORM_KEY) or {})
+
+        def aggregate(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """(share of the mini-batch loss, the micro-batch's own aggregate for logging)."""
+            own = agg_loss(mat, mask, mode)
+            if not norm:
+                return own, own
+            scaled = agg_loss(
+                mat,
+                mask,
+                mode,
+                num_seqs=norm.get("num_seqs"),
+                num_tokens=norm.get("num_tokens"),
+                max_len=norm.get("max_len"),
+            )
+            return scaled, own
+
+        pg_mat, pg_metrics = policy_loss_fn(
+            old_log_prob=micro_batch["old_log_probs"],
+            log_prob=log_prob,
+            advantages=micro_batch["advantages"],
+            response_mask=mask,
+            config=actor_cfg,
+        )
+        loss, pg_loss = aggregate(pg_mat)
+        metrics = {"actor/pg_loss": _as_float(pg_loss)}
+        metrics.update({f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
+
+        if entropy is not None:
+            entropy_share, entropy_own = aggregate(entropy)
+            metrics["actor/entropy"] = _as_float(entropy_own)
+            if entropy_coeff != 0.0:
+                loss = loss - entropy_coeff * entropy_share
+
+        if use_kl_loss:
+            if "ref_log_prob" not in micro_batch:
+                raise KeyError(
+                    "actor_rollout_ref.actor.use_kl_loss=true but the batch has no "
+                    "'ref_log_prob'; the trainer must compute reference log-probs"
+                )
+            kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], kl_type)
+            kl_share, kl_own = aggregate(kld)
+            loss = loss + kl_coef * kl_share
+            metrics["actor/kl_loss"] = _as_float(kl_own)
+            metrics["actor/kl_coef"] = kl_coef
+        return loss, metrics
+
+    return actor_loss
