@@ -1,0 +1,176 @@
+"""``trainer.logger=[jsonl]``: one JSON object per logged step in ``<log_dir>/metrics.jsonl``.
+
+Each line is ``{"step": N, "<metric>": <float or null>, ...}``. The file is the run's durable
+record (plots, the end-to-end tests and resume all read it), hence these choices:
+
+* Every line is flushed and fsync'd as it is written: a crash (or a killed job) loses nothing
+  that was logged before it. A line cut short by a crash mid-write is dropped when the file is
+  next opened.
+* NaN and +-inf are written as ``null``: JSON has no spelling for them (Python's ``NaN`` token is
+  rejected by strict parsers, ``jq`` and most other languages), and ``null`` reads back as NaN in
+  pandas. A null therefore means "not a finite number", never "not measured" (an unmeasured
+  metric is simply absent from the line).
+* On resume from step N (``ctx.resumed_from_step = N > 0``) the lines with ``step > N`` are
+  dropped first (they were logged after the checkpoint the run resumes from and will be logged
+  again), by writing a temporary file and renaming it over the old one, so a crash during the
+  rewrite leaves either the old or the new file, never a mix.
+* A fresh run (``resumed_from_step == 0``) that finds a ``metrics.jsonl`` from an earlier run
+  moves it aside to ``metrics.<timestamp>.jsonl`` instead of appending to it or deleting it.
+
+Each ``log()`` call writes one line; the trainer logs once per step (validation metrics merged
+into the step's dict), so steps are unique.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+from polyrl.interfaces.logger import LoggerContext, MetricsLogger
+from polyrl.loggers.values import finite_or_none, to_float_metrics
+
+METRICS_FILE = "metrics.jsonl"
+
+_log = logging.getLogger(__name__)
+
+
+def metrics_path(log_dir: str) -> str:
+    """Where the jsonl logger writes, given the run's ``trainer.default_local_dir``."""
+    return os.path.join(log_dir, METRICS_FILE)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        return None
+    return record
+
+
+def truncate_after(path: str, step: int) -> int:
+    """Keep only the well-formed lines of ``path`` whose step is ``<= step``; return how many
+    lines were dropped. The rewrite goes through a temporary file in the same folder and an
+    atomic rename."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    kept: list[str] = []
+    for line in lines:
+        record = _parse(line)
+        if record is not None and record["step"] <= step:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if dropped == 0:
+        return 0
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".jsonl.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("".join(line + "\n" for line in kept))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+    return dropped
+
+
+def _drop_partial_last_line(path: str) -> None:
+    """A crash mid-write can leave a last line without its newline; cut it off so the next
+    record does not get glued to it."""
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        fh.truncate(cut)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _log.warning("metrics.jsonl: dropped an incomplete last line (crash during a write)")
+
+
+def _move_aside(path: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
+    base = os.path.join(os.path.dirname(path), f"metrics.{stamp}")
+    target, n = f"{base}.jsonl", 1
+    while os.path.exists(target):
+        target, n = f"{base}-{n}.jsonl", n + 1
+    os.replace(path, target)
+    return target
+
+
+def prepare_metrics_file(path: str, resumed_from_step: int) -> None:
+    """Make ``path`` ready for appending the records of a run that resumes after
+    ``resumed_from_step`` (0: a fresh run). See the module docstring for the rules."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if not os.path.exists(path):
+        return
+    if resumed_from_step > 0:
+        _drop_partial_last_line(path)
+        dropped = truncate_after(path, resumed_from_step)
+        if dropped:
+            _log.info(
+                "metrics.jsonl: dropped %d lines after step %d (resuming)",
+                dropped,
+                resumed_from_step,
+            )
+    elif os.path.getsize(path) > 0:
+        moved = _move_aside(path)
+        _log.warning("metrics.jsonl of an earlier run moved aside to %s", moved)
+
+
+def encode_record(metrics: dict[str, float], step: int) -> str:
+    """One line of the file (without newline): ``step`` first, non-finite values as null."""
+    if "step" in metrics:
+        raise ValueError(
+            "a metric is named 'step', which the jsonl record uses for the step number; rename it"
+        )
+    record: dict[str, Any] = {"step": int(step)}
+    record.update((k, finite_or_none(v)) for k, v in to_float_metrics(metrics).items())
+    return json.dumps(record, allow_nan=False, separators=(",", ":"))
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics file, skipping malformed lines (for plots and tests)."""
+    with open(path, encoding="utf-8") as fh:
+        return [r for r in map(_parse, fh.read().splitlines()) if r is not None]
+
+
+class JsonlLogger(MetricsLogger):
+    """Appends one fsync'd JSON line per ``log()`` call to ``<ctx.log_dir>/metrics.jsonl``."""
+
+    def __init__(self, ctx: LoggerContext) -> None:
+        super().__init__(ctx)
+        self.path = metrics_path(ctx.log_dir)
+        prepare_metrics_file(self.path, ctx.resumed_from_step)
+        existed = os.path.exists(self.path)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        if not existed:
+            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._fh.closed:
+            raise RuntimeError(f"JsonlLogger for {self.path} was already finished")
+        self._fh.write(encode_record(metrics, step) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def finish(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()

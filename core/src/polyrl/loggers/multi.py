@@ -1,0 +1,115 @@
+"""The trainer's one handle on every logger selected by ``trainer.logger=[...]``.
+
+The trainer must not care which loggers exist, nor let one logger's failure stop the others from
+closing their files: ``LoggerGroup`` builds each selected logger through the plugin registry
+(built-ins and third-party packages alike), forwards every ``log`` to all of them, and calls every
+``finish`` exactly once, also when the run ends in an exception (use it as a context manager)::
+
+    with LoggerGroup.from_names(cfg.trainer.logger, ctx) as loggers:
+        for step in ...:
+            loggers.log(metrics, step)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from polyrl.errors import ConfigError
+from polyrl.interfaces.logger import LoggerContext, MetricsLogger
+from polyrl.loggers.values import to_float_metrics
+
+_log = logging.getLogger(__name__)
+
+
+def _normalise_names(names: str | Iterable[str] | None) -> list[str]:
+    """``"console"``, ``["console", "jsonl"]`` or an OmegaConf ListConfig -> unique names, in
+    order (verl accepts a bare string too)."""
+    if names is None:
+        return []
+    items = [names] if isinstance(names, str) else list(names)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(
+                f"trainer.logger must be a list of logger names, e.g. [console,jsonl]; "
+                f"got the entry {item!r}"
+            )
+        name = item.strip()
+        if name not in out:
+            out.append(name)
+    return out
+
+
+class LoggerGroup:
+    """Forwards ``log``/``finish`` to several :class:`MetricsLogger` objects."""
+
+    def __init__(self, loggers: Sequence[MetricsLogger], names: Sequence[str] | None = None):
+        self.loggers = list(loggers)
+        self.names = list(names) if names is not None else [type(lg).__name__ for lg in loggers]
+        self._finished = False
+
+    @classmethod
+    def from_names(cls, names: str | Iterable[str] | None, ctx: LoggerContext) -> LoggerGroup:
+        """Build the loggers named in ``trainer.logger`` via the plugin registry.
+
+        Unknown or broken names raise the registry's error (it lists the valid names and the pip
+        package to install). If building one logger fails, those already built are finished.
+        """
+        from polyrl.registry import get_registry
+        from polyrl.specs import PluginKind
+
+        registry = get_registry()
+        wanted = _normalise_names(names)
+        built: list[MetricsLogger] = []
+        try:
+            for name in wanted:
+                logger_cls = registry.load(PluginKind.LOGGER, name)
+                built.append(logger_cls(ctx))
+        except BaseException:
+            cls(built, wanted[: len(built)]).finish()
+            raise
+        return cls(built, wanted)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Send ``metrics`` (converted to floats once, here) to every logger. All loggers get the
+        call even if one raises; the first error is re-raised afterwards."""
+        floats = to_float_metrics(metrics)
+        self._each("log", lambda lg: lg.log(dict(floats), int(step)))
+
+    def finish(self) -> None:
+        """Finish every logger once; later calls do nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        self._each("finish", lambda lg: lg.finish())
+
+    def _each(self, what: str, call: Any) -> None:
+        first: BaseException | None = None
+        for name, logger in zip(self.names, self.loggers):
+            try:
+                call(logger)
+            except Exception as exc:
+                exc.add_note(f"in logger {name!r} ({what})")
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> LoggerGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.finish()
+            return
+        try:
+            self.finish()
+        except Exception:
+            _log.exception("a logger failed to finish while the run was failing")
