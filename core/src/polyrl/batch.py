@@ -47,7 +47,8 @@ class Batch:
         if key in self.non_tensors:
             return self.non_tensors[key]
         raise KeyError(
-            f"batch has no field {key!r}; it has {sorted(self.tensors) + sorted(self.non_tensors)}"
+            f"batch has no field {key!r}; it has "
+            f"{sorted(self.tensors) + sorted(self.non_tensors)}"
         )
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -60,7 +61,9 @@ class Batch:
         return key in self.tensors or key in self.non_tensors
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        if key in self.tensors:
+            return self.tensors[key]
+        return self.non_tensors.get(key, default)
 
     # ---- row operations ---------------------------------------------------------------------
     def select_rows(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> Batch:
@@ -103,7 +106,7 @@ class Batch:
         )
 
     def repeat_interleave(self, repeats: int) -> Batch:
-        """Each row ``repeats`` times in a row: ``[a, b] -> [a, a, b, b]`` (n samples per prompt)."""
+        """Each row ``repeats`` times in a row, ``[a, b] -> [a, a, b, b]``: n samples per prompt."""
         return Batch(
             {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors.items()},
             {k: np.repeat(v, repeats) for k, v in self.non_tensors.items()},
@@ -121,7 +124,9 @@ class Batch:
         )
 
     def to(self, device: str | torch.device) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors, self.meta)
+        return Batch(
+            {k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors, self.meta
+        )
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:

@@ -92,7 +92,7 @@ def polyrl_advantage_estimators() -> Iterable[AdvantageEstimatorSpec]:
         @hookimpl
         def polyrl_advantage_estimators():
             yield AdvantageEstimatorSpec(
-                name="sign", description="+1/-1 by the sign of the outcome reward", fn=sign_advantage
+                name="sign", description="+1/-1 by the outcome sign", fn=sign_advantage
             )
     """
 

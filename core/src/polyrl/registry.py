@@ -83,7 +83,7 @@ class Registration:
         """Resolve the implementation; an import failure names the package and how to fix it."""
         try:
             return self.spec.load()
-        except Exception as exc:  # noqa: BLE001 - any failure of a plugin's import is reported
+        except Exception as exc:
             raise PluginBrokenError(
                 f"{self.kind.value} {self.name!r} from package {self.provenance.distribution} "
                 f"{self.provenance.version} failed to load: {type(exc).__name__}: {exc}. "
@@ -118,8 +118,12 @@ class Registry:
     def add_plugin(self, module: ModuleType | object, provenance: Provenance) -> None:
         """Register a plugin module (or object with hookimpls) and collect its registrations."""
         try:
-            self.plugin_manager.register(module, name=provenance.plugin)
-        except Exception as exc:  # noqa: BLE001 - a malformed plugin must not break discovery
+            # Name by distribution too: two packages may use the same entry-point name, and
+            # pluggy refuses a second plugin under a name it already holds.
+            self.plugin_manager.register(
+                module, name=f"{provenance.distribution}/{provenance.plugin}"
+            )
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
             self._mark_broken(provenance, exc)
             return
         for kind, hook_name in HOOK_OF_KIND.items():
@@ -130,7 +134,7 @@ class Registry:
                     specs = list(impl.function() or ())
                     for spec in specs:
                         self._add_spec(kind, spec, provenance)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
                     self._mark_broken(provenance, exc)
 
     def _add_spec(self, kind: PluginKind, spec: Any, provenance: Provenance) -> None:
@@ -205,7 +209,9 @@ class Registry:
                     f"Package {package} is installed but failed to load: {broken[0].error}"
                 )
             else:
-                lines.append(f"{name!r} is provided by the package {package}: pip install {package}")
+                lines.append(
+                    f"{name!r} is provided by the package {package}: pip install {package}"
+                )
         elif self.broken:
             failed = "; ".join(f"{b.distribution} ({b.error})" for b in self.broken)
             lines.append(f"These plugin packages failed to load and may provide it: {failed}")
@@ -232,9 +238,7 @@ def discover() -> Registry:
     from polyrl import builtins  # light: only specs with import strings
 
     registry = Registry()
-    registry.add_plugin(
-        builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, _core_version())
-    )
+    registry.add_plugin(builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, _core_version()))
     if os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() in ("1", "true", "yes"):
         return registry
     seen: set[tuple[str, str]] = set()
@@ -246,7 +250,7 @@ def discover() -> Registry:
         provenance = Provenance(entry_point.name, distribution, version)
         try:
             module = entry_point.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
             registry._mark_broken(provenance, exc)
             continue
         registry.add_plugin(module, provenance)

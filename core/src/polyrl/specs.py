@@ -9,9 +9,10 @@ resolved only when selected, so that listing plugins never imports torch, vLLM o
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 
 class PluginKind(str, Enum):
@@ -57,8 +58,8 @@ def resolve_object(target: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Spec:
-    """Fields every registration has. ``config_class`` optionally names a dataclass that
-    describes the plugin's own config section ``plugins.<name>`` (validated by ``polyrl validate``)."""
+    """Fields every registration has. A subclass's ``config_class`` optionally names a dataclass
+    describing the plugin's config section ``plugins.<name>`` (checked by ``polyrl validate``)."""
 
     name: str
     description: str
@@ -173,7 +174,7 @@ class PolicyLossSpec(_Spec):
 class RewardProviderSpec(_Spec):
     """A reward provider: a :class:`polyrl.interfaces.RewardProvider` subclass or import string.
 
-    ``data_sources`` lists the ``data_source`` values it scores natively (empty: any / user-defined).
+    ``data_sources`` lists the ``data_source`` values it scores natively (empty: any).
     """
 
     provider: type | str = ""

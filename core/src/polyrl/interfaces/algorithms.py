@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 class AdvantageEstimatorFn(Protocol):
-    """``(advantages[B, T], returns[B, T]) = fn(token_level_rewards=..., response_mask=..., index=...,
-    config=..., values=None)``. Both outputs are zero where ``response_mask`` is zero."""
+    """``(advantages[B, T], returns[B, T]) = fn(token_level_rewards=..., response_mask=...,
+    index=..., config=..., values=None)``. Both outputs are zero where ``response_mask`` is zero."""
 
     def __call__(
         self,

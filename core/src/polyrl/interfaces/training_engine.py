@@ -66,8 +66,9 @@ class TrainingEngine(ABC):
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[B, R]`` of ``batch['responses']`` under the current weights (no grad), and the
-        per-token entropy when asked. Logits are divided by ``temperature`` first, as in sampling."""
+        """Log-probs ``[B, R]`` of ``batch['responses']`` under the current weights (no grad),
+        and the per-token entropy when asked. Logits are divided by ``temperature`` first, as in
+        sampling."""
 
     @abstractmethod
     def train_step(

@@ -1,0 +1,1 @@
+"""The controller: the step pipeline, its default stages, and the training loop."""

@@ -1,0 +1,339 @@
+"""The single controller: sets up data, rewards, workers and loggers, then runs the steps.
+
+The driver runs the algorithm as ordinary Python; the heavy work happens in a
+:class:`~polyrl.workers.worker_group.WorkerGroup` of
+:class:`~polyrl.workers.hybrid_worker.HybridWorker` actors. Everything a step does lives in
+the stage pipeline (:mod:`polyrl.trainer.stages`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from polyrl.batch import Batch
+from polyrl.checkpoint import CheckpointManager, load_driver_state, save_driver_state
+from polyrl.config import to_container
+from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
+from polyrl.loggers.multi import LoggerGroup
+from polyrl.registry import get_registry
+from polyrl.specs import PluginKind
+from polyrl.trainer.metrics import data_metrics, timing_and_throughput
+from polyrl.trainer.pipeline import StepState
+from polyrl.trainer.stages import StepServices, build_default_pipeline, generate, score_responses
+from polyrl.workers.hybrid_worker import HybridWorker
+from polyrl.workers.worker_group import WorkerGroup, ensure_ray
+
+DEFAULT_LOSS_AGG_MODE = "token-mean"
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run put its outputs."""
+
+    steps: int
+    output_dir: str
+    checkpoint: str | None
+    hf_model: str | None
+    metrics_file: str
+    plot: str | None
+    val_before: dict[str, float]
+    val_after: dict[str, float]
+
+
+def world_size_of(cfg: DictConfig) -> int:
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+
+
+def pad_rows_to_multiple(batch: Batch, multiple: int) -> Batch:
+    """Repeat the last row so the batch splits evenly over ranks (validation sets of any size)."""
+    missing = -len(batch) % multiple
+    if not missing:
+        return batch
+    return Batch.concat([batch, batch.select_rows([len(batch) - 1] * missing)])
+
+
+class RLTrainer:
+    """Builds every part named in the config and drives training."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from polyrl.data.dataset import RLDataset
+        from polyrl.data.loader import PromptLoader
+        from polyrl.data.sources import resolve_data_files
+        from polyrl.models.resolve import resolve_model_path
+
+        self.cfg = cfg
+        registry = get_registry()
+        self.world_size = world_size_of(cfg)
+        self.output_dir = str(cfg.trainer.default_local_dir)
+        os.makedirs(self.output_dir, exist_ok=True)
+
+        model_cfg = cfg.actor_rollout_ref.model
+        self.model_path = resolve_model_path(str(model_cfg.path))
+        tokenizer_path = resolve_model_path(str(model_cfg.tokenizer_path or model_cfg.path))
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+
+        self.train_set = RLDataset(
+            resolve_data_files(cfg.data.train_files, "train"), self.tokenizer, cfg.data
+        )
+        self.loader = PromptLoader(
+            self.train_set,
+            int(cfg.data.train_batch_size),
+            shuffle=bool(cfg.data.shuffle),
+            seed=int(cfg.data.seed),
+        )
+        self.val_set = (
+            RLDataset(resolve_data_files(cfg.data.val_files, "val"), self.tokenizer, cfg.data)
+            if cfg.data.val_files
+            else None
+        )
+        self.total_steps = int(
+            cfg.trainer.total_training_steps or len(self.loader) * int(cfg.trainer.total_epochs)
+        )
+
+        estimator_reg = registry.get(PluginKind.ADVANTAGE_ESTIMATOR, cfg.algorithm.adv_estimator)
+        estimator = estimator_reg.load()
+        agg_default = estimator_reg.spec.default_loss_agg_mode
+        if agg_default and cfg.actor_rollout_ref.actor.loss_agg_mode == DEFAULT_LOSS_AGG_MODE:
+            cfg.actor_rollout_ref.actor.loss_agg_mode = agg_default
+        reward_cls = registry.load(PluginKind.REWARD_PROVIDER, cfg.reward_model.reward_manager)
+        self.reward = reward_cls(
+            RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
+        )
+        kl_controller = None
+        if cfg.algorithm.use_kl_in_reward:
+            from polyrl.algorithms.kl import make_kl_controller
+
+            kl_controller = make_kl_controller(cfg.algorithm.kl_ctrl)
+
+        self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
+        self.checkpoints.clean_stale()
+        self.resume_from = self.checkpoints.resolve_resume(cfg.trainer)
+
+        device = str(cfg.trainer.device)
+        ensure_ray(
+            num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
+            extra=dict(cfg.trainer.ray_init),
+        )
+        eos_ids = sorted(self._eos_token_ids())
+        self.workers = WorkerGroup(
+            HybridWorker,
+            world_size=self.world_size,
+            device=device,
+            init_kwargs={
+                "cfg": to_container(cfg),
+                "model_path": self.model_path,
+                "total_training_steps": self.total_steps,
+                "tokens": {"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
+            },
+        )
+        self.services = StepServices(
+            cfg=cfg,
+            workers=self.workers,
+            tokenizer=self.tokenizer,
+            reward=self.reward,
+            estimator=estimator,
+            kl_controller=kl_controller,
+        )
+        self.pipeline = build_default_pipeline(self.services)
+
+    def _eos_token_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        try:
+            from transformers import GenerationConfig
+
+            generation_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except OSError:
+            generation_eos = None
+        if isinstance(generation_eos, int):
+            ids.add(generation_eos)
+        elif generation_eos:
+            ids.update(generation_eos)
+        return {i for i in ids if i is not None}
+
+    # ---- validation --------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source."""
+        from polyrl.data.dataset import collate
+
+        if self.val_set is None:
+            return {}
+        val = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        params = SamplingParams(
+            n=int(val.n),
+            temperature=float(val.temperature) or 1.0,
+            top_p=float(val.top_p),
+            top_k=int(val.top_k),
+            max_new_tokens=int(self.cfg.data.max_response_length),
+            greedy=not val.do_sample,
+            seed=int(self.cfg.trainer.seed),
+        )
+        size = int(self.cfg.data.val_batch_size or len(self.val_set))
+        scores: dict[str, list[float]] = {}
+        lengths: list[float] = []
+        for start in range(0, len(self.val_set), size):
+            items = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
+            prompts = collate(items, self.tokenizer.pad_token_id)
+            padded = pad_rows_to_multiple(prompts, self.world_size)
+            out = generate(self.services, padded, params).slice(0, len(prompts) * params.n)
+            token_scores, _ = score_responses(self.services, out)
+            for source, score in zip(out["data_source"], token_scores.sum(-1).tolist()):
+                scores.setdefault(str(source), []).append(score)
+            lengths += out["response_mask"].sum(-1).float().tolist()
+        metrics = {
+            f"val-core/{source}/reward/mean@{params.n}": float(np.mean(values))
+            for source, values in scores.items()
+        }
+        metrics["val-aux/response_length/mean"] = float(np.mean(lengths))
+        return metrics
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _save_checkpoint(self, step: int) -> str:
+        staging = self.checkpoints.staging_dir(step)
+        self.workers.call("save_checkpoint", staging)
+        kl = self.services.kl_controller
+        save_driver_state(
+            staging,
+            {
+                "step": step,
+                "loader": self.loader.state_dict(),
+                "kl_coef": None if kl is None else float(kl.value),
+                "config": to_container(self.cfg),
+            },
+        )
+        return self.checkpoints.commit(step, staging)
+
+    def _resume(self) -> int:
+        if not self.resume_from:
+            return 0
+        self.workers.call("load_checkpoint", self.resume_from)
+        state = load_driver_state(self.resume_from)
+        self.loader.load_state_dict(state["loader"])
+        if self.services.kl_controller is not None and state.get("kl_coef") is not None:
+            self.services.kl_controller.value = state["kl_coef"]
+        print(f"polyrl: resumed from {self.resume_from} (step {state['step']})", file=sys.stderr)
+        return int(state["step"])
+
+    def _export(self) -> str:
+        target = os.path.join(self.output_dir, "hf_model")
+        staging = f"{target}.tmp-{os.getpid()}"
+        self.workers.call("export_hf", staging)
+        if os.path.isdir(target):
+            import shutil
+
+            shutil.rmtree(target)
+        os.replace(staging, target)
+        return target
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        cfg = self.cfg.trainer
+        start_step = self._resume()
+        logger_ctx = LoggerContext(
+            project_name=str(cfg.project_name),
+            experiment_name=str(cfg.experiment_name),
+            log_dir=self.output_dir,
+            total_steps=self.total_steps,
+            config=to_container(self.cfg),
+            resumed_from_step=start_step,
+        )
+        val_before: dict[str, float] = {}
+        val_after: dict[str, float] = {}
+        last_checkpoint = self.resume_from
+        with LoggerGroup.from_names(list(cfg.logger), logger_ctx) as loggers:
+            if cfg.val_before_train and start_step == 0 and self.val_set is not None:
+                val_before = self.validate()
+                loggers.log(val_before, 0)
+            for step in range(start_step + 1, self.total_steps + 1):
+                metrics = self._train_step(step)
+                is_last = step == self.total_steps
+                if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
+                    val_after = self.validate()
+                    metrics.update(val_after)
+                metrics["training/epoch"] = float(self.loader.epoch)
+                loggers.log(metrics, step)
+                if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last):
+                    last_checkpoint = self._save_checkpoint(step)
+        hf_model = self._export() if cfg.export_hf_model and self.total_steps > start_step else None
+        metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
+        plot = self._plot(metrics_file)
+        return TrainResult(
+            steps=self.total_steps,
+            output_dir=self.output_dir,
+            checkpoint=last_checkpoint,
+            hf_model=hf_model,
+            metrics_file=metrics_file,
+            plot=plot,
+            val_before=val_before,
+            val_after=val_after,
+        )
+
+    def _train_step(self, step: int) -> dict[str, float]:
+        state = StepState(step=step, batch=self.loader.next_batch())
+        start = time.perf_counter()
+        self.pipeline.run(state)
+        state.timing["step"] = time.perf_counter() - start
+        metrics = dict(state.metrics)
+        metrics.update(data_metrics(state.batch))
+        metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
+        return metrics
+
+    def _plot(self, metrics_file: str) -> str | None:
+        if not os.path.exists(metrics_file):
+            return None
+        from polyrl.plotting import plot_reward_curve
+
+        return plot_reward_curve(metrics_file, os.path.join(self.output_dir, "reward_curve.png"))
+
+    def close(self) -> None:
+        self.workers.shutdown()
+        self.reward.close()
+
+
+def config_summary(cfg: DictConfig) -> str:
+    """One line on what is about to run."""
+    arr = cfg.actor_rollout_ref
+    return (
+        f"polyrl: {cfg.algorithm.adv_estimator} | model {arr.model.path} | engine "
+        f"{arr.actor.strategy} | rollout {arr.rollout.name} x{arr.rollout.n} | "
+        f"{world_size_of(cfg)} worker(s) on {cfg.trainer.device} | "
+        f"out {cfg.trainer.default_local_dir}"
+    )
+
+
+def describe_result(result: TrainResult) -> str:
+    lines = [f"polyrl: finished {result.steps} steps. Outputs in {result.output_dir}:"]
+    if result.checkpoint:
+        lines.append(f"  checkpoint    {result.checkpoint}")
+    if result.hf_model:
+        lines.append(f"  HF model      {result.hf_model}")
+    lines.append(f"  metrics       {result.metrics_file}")
+    if result.plot:
+        lines.append(f"  reward curve  {result.plot}")
+    for name, before in sorted(result.val_before.items()):
+        if name.startswith("val-core/") and name in result.val_after:
+            lines.append(f"  {name}: {before:.3f} before -> {result.val_after[name]:.3f} after")
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> TrainResult:
+    """Train with ``cfg`` and release Ray actors and reward workers whatever happens."""
+    torch.manual_seed(int(cfg.trainer.seed))
+    print(config_summary(cfg), file=sys.stderr)
+    trainer = RLTrainer(cfg)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    print(describe_result(result))
+    return result
