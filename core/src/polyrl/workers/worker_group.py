@@ -86,7 +86,10 @@ class WorkerGroup:
         )
         remote_cls = ray.remote(worker_cls)
         resources = {"num_gpus": 1, "num_cpus": 1} if device == "cuda" else {"num_cpus": 1}
-        env = {"OMP_NUM_THREADS": "1", "MASTER_ADDR": master_addr}
+        # On CPU the workers share the machine's cores: give each its share of threads (Ray's
+        # default of one thread per actor would leave cores idle when there are fewer workers).
+        threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // world_size)
+        env = {"OMP_NUM_THREADS": str(threads), "MASTER_ADDR": master_addr}
         self.workers = [
             remote_cls.options(
                 scheduling_strategy=strategy(rank),
