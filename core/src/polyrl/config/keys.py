@@ -10,8 +10,13 @@ from polyrl.config.schema import PolyrlConfig
 from polyrl.errors import ConfigError
 
 # Keys under these prefixes are free-form dicts: anything goes below them.
-FREE_FORM_PREFIXES = ("plugins", "actor_rollout_ref.rollout.engine_kwargs",
-                      "actor_rollout_ref.model.override_config", "critic.model", "trainer.ray_init")
+FREE_FORM_PREFIXES = (
+    "plugins",
+    "actor_rollout_ref.rollout.engine_kwargs",
+    "actor_rollout_ref.model.override_config",
+    "critic.model",
+    "trainer.ray_init",
+)
 GROUP_KEYS = ("recipe",)
 
 
@@ -28,8 +33,27 @@ def schema_keys(node: Any = PolyrlConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+def normalize_overrides(overrides: list[str]) -> list[str]:
+    """Overrides with keys below a free-form prefix written as ``++key=value``.
+
+    The schema declares ``plugins`` (and a few others) as open dicts, but Hydra only lets
+    ``key=value`` change keys that already exist: ``plugins.mysandbox.url=...`` would need a ``+``
+    the first time and must not have one once a recipe sets it. ``++`` means "add or override",
+    so users write plugin keys like any other key.
+    """
+    prefixes = tuple(p + "." for p in FREE_FORM_PREFIXES)
+    return [
+        "++" + item if item.startswith(prefixes) and "=" in item else item for item in overrides
+    ]
+
+
 def check_override_keys(overrides: list[str]) -> None:
-    """Raise :class:`ConfigError` for an override whose key the schema does not declare."""
+    """Raise :class:`ConfigError` for an override whose key the schema does not declare.
+
+    Also rewrites ``overrides`` in place with :func:`normalize_overrides`, so that callers that
+    pass their list on to Hydra get keys under free-form sections (``plugins.<name>.*``) accepted.
+    """
+    overrides[:] = normalize_overrides(overrides)
     valid = set(schema_keys())
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -38,13 +62,17 @@ def check_override_keys(overrides: list[str]) -> None:
                 f"override {override!r} has no value: write it as key=value, "
                 f"e.g. trainer.total_training_steps=10"
             )
-        if key in GROUP_KEYS or key in valid or key.startswith(tuple(p + "." for p in FREE_FORM_PREFIXES)):
+        if (
+            key in GROUP_KEYS
+            or key in valid
+            or key.startswith(tuple(p + "." for p in FREE_FORM_PREFIXES))
+        ):
             continue
         raise ConfigError(unknown_key_message(key, valid))
 
 
 def unknown_key_message(key: str, valid: set[str]) -> str:
-    parent, _, leaf = key.rpartition(".")
+    parent = key.rpartition(".")[0]
     siblings = [k for k in valid if k.rpartition(".")[0] == parent]
     close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6) or difflib.get_close_matches(
         key, sorted(valid), n=1, cutoff=0.6
@@ -60,6 +88,7 @@ def hydra_error_to_config_error(exc: Exception) -> ConfigError:
         from polyrl.config.recipes import available_recipes
 
         return ConfigError(
-            f"unknown recipe. Available recipes: {', '.join(available_recipes())}. ({message.splitlines()[0]})"
+            f"unknown recipe. Available recipes: {', '.join(available_recipes())}. "
+            f"({message.splitlines()[0]})"
         )
     return ConfigError(f"invalid config: {' '.join(message.split())}")

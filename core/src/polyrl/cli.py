@@ -1,0 +1,231 @@
+"""The ``polyrl`` command: list plugins, check and print configs, train, prepare data.
+
+Listing and validating must work on a machine where torch cannot even be imported, so this module
+imports only the registry and config machinery at the top; training and data commands import their
+(heavy) modules inside their handlers. Errors a user can act on (:class:`polyrl.errors.PolyrlError`)
+are printed as one ``error: ...`` line with exit status 2; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from polyrl import __version__
+from polyrl.errors import PolyrlError
+from polyrl.specs import PluginKind
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_ERROR = 2
+
+OVERRIDES_HELP = "Hydra overrides, e.g. algorithm.adv_estimator=grpo trainer.device=cpu recipe=NAME"
+
+
+# ---- polyrl plugins ----------------------------------------------------------------------------
+def plugin_rows(kind: PluginKind | None = None) -> list[dict[str, Any]]:
+    """One row per registration (and per broken plugin module), as ``polyrl plugins`` shows them.
+
+    Broken modules are listed whatever ``kind`` is: nobody knows what they would have provided.
+    """
+    from polyrl.registry import get_registry
+
+    registry = get_registry()
+    rows: list[dict[str, Any]] = []
+    for reg in registry.all(kind):
+        status, error = "ok", None
+        if len(registry.registrations[reg.kind][reg.name]) > 1:
+            status = "conflict"
+            try:
+                registry.get(reg.kind, reg.name)
+            except PolyrlError as exc:
+                error = str(exc)
+        rows.append(
+            {
+                "name": reg.name,
+                "kind": reg.kind.value,
+                "package": reg.provenance.distribution,
+                "version": reg.provenance.version,
+                "plugin": reg.provenance.plugin,
+                "status": status,
+                "capabilities": reg.spec.capability_flags(),
+                "description": reg.spec.description,
+                "error": error,
+            }
+        )
+    for broken in registry.broken:
+        rows.append(
+            {
+                "name": broken.plugin,
+                "kind": None,
+                "package": broken.distribution,
+                "version": broken.version,
+                "plugin": broken.plugin,
+                "status": "broken",
+                "capabilities": {},
+                "description": "",
+                "error": broken.error,
+            }
+        )
+    return rows
+
+
+def _format_capabilities(flags: dict[str, Any]) -> str:
+    parts = []
+    for key, value in flags.items():
+        if value is True:
+            parts.append(key)
+        elif value is False or value in (None, [], ""):
+            continue
+        elif isinstance(value, list):
+            parts.append(f"{key}={'|'.join(map(str, value))}")
+        else:
+            parts.append(f"{key}={value}")
+    return ",".join(parts) or "-"
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    headers = ("NAME", "KIND", "PACKAGE", "VERSION", "STATUS", "CAPABILITIES", "DESCRIPTION")
+    table = [
+        (
+            r["name"],
+            r["kind"] or "?",
+            r["package"],
+            r["version"],
+            r["status"],
+            _format_capabilities(r["capabilities"]),
+            r["description"] if r["status"] == "ok" else (r["error"] or r["description"]),
+        )
+        for r in rows
+        if r["status"] != "broken"
+    ]
+    widths = [max(len(str(row[i])) for row in [headers, *table]) for i in range(len(headers) - 1)]
+    for row in [headers, *table]:
+        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
+        print("  ".join([*cells, str(row[-1])]).rstrip())
+    broken = [r for r in rows if r["status"] == "broken"]
+    if broken:
+        print()
+        print("Broken plugins (their names cannot be selected until fixed):")
+        for r in broken:
+            print(f"  {r['name']} from {r['package']} {r['version']}: {r['error']}")
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    kind = PluginKind(args.kind) if args.kind else None
+    rows = plugin_rows(kind)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        _print_table(rows)
+    return EXIT_OK
+
+
+# ---- polyrl validate / config / train ----------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from polyrl.config import load_config
+    from polyrl.config.validate import summarize, validate_config
+
+    cfg = load_config(args.overrides)
+    problems = validate_config(cfg)
+    if problems:
+        print(f"config is invalid ({len(problems)} problem(s)):", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    print(summarize(cfg))
+    print("config OK")
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    from polyrl.config import load_config
+
+    print(OmegaConf.to_yaml(load_config(args.overrides)), end="")
+    return EXIT_OK
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from polyrl.trainer.main import train_from_overrides
+
+    return int(train_from_overrides(args.overrides) or 0)
+
+
+# ---- polyrl data (provided by polyrl.data.commands, loaded only when asked for) ----------------
+def _add_data_command(subparsers: argparse._SubParsersAction, load: bool) -> None:
+    """Add ``polyrl data``. Its module may import heavy libraries, so it is imported only when the
+    user runs ``polyrl data ...``; a failure to import it breaks only that command."""
+    if load:
+        try:
+            from polyrl.data.commands import add_subcommand
+
+            add_subcommand(subparsers)
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure disables only this command
+            reason = f"{type(exc).__name__}: {exc}"
+    else:
+        reason = None
+    parser = subparsers.add_parser(
+        "data", help="prepare datasets (polyrl data --help)", add_help=False
+    )
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=lambda _args: _data_unavailable(reason))
+
+
+def _data_unavailable(reason: str | None) -> int:
+    raise PolyrlError(
+        f"`polyrl data` is unavailable: polyrl.data.commands failed to load ({reason}). "
+        f"Reinstall polyrl (pip install -e core) or fix that module."
+    )
+
+
+# ---- parser and entry point --------------------------------------------------------------------
+def _first_command(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="polyrl",
+        description="RL post-training for LLMs, assembled from plugins.",
+    )
+    parser.add_argument("--version", action="version", version=f"polyrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("plugins", help="list installed plugins: package, version, status")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--kind", choices=[k.value for k in PluginKind], help="only this kind")
+    p.set_defaults(func=cmd_plugins)
+
+    for name, func, text in (
+        ("validate", cmd_validate, "check a config without touching a device (exit 1: invalid)"),
+        ("config", cmd_config, "print the resolved config as YAML"),
+        ("train", cmd_train, "run training"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+        p.set_defaults(func=func)
+
+    _add_data_command(sub, load=_first_command(argv) == "data")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``polyrl``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    try:
+        return int(args.func(args))
+    except PolyrlError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_ERROR
