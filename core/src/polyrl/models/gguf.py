@@ -1,0 +1,80 @@
+"""Convert a GGUF file into a bf16 safetensors Hugging Face folder.
+
+Why: transformers can read GGUF (``gguf_file=``), but it dequantises every tensor on each load,
+which is slow (tens of seconds for 135M parameters on 2 cores), and neither the FSDP engine nor vLLM
+should each re-do it. Converting once gives a plain folder that every component loads in ~1 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+
+_SAMPLE_BYTES = 1 << 20
+
+
+def gguf_fingerprint(path: str) -> str:
+    """A short content key for a GGUF file, cheap even for multi-GB files: the size plus the
+    hashes of its first and last MiB and of 16 evenly spaced 64 KiB slices. Different models or
+    quantisations change the header (first MiB) and the tensor data, so they get different keys."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        digest.update(handle.read(_SAMPLE_BYTES))
+        for i in range(16):
+            handle.seek(size * i // 16)
+            digest.update(handle.read(1 << 16))
+        handle.seek(max(0, size - _SAMPLE_BYTES))
+        digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
+
+
+def estimated_seconds(path: str) -> int:
+    """A rough conversion time on a small CPU machine (measured 19-40 s for a 93 MB Q4 file on 2
+    shared cores), shown to the user so that the wait is expected."""
+    return max(5, int(os.path.getsize(path) / 1e6 * 0.3))
+
+
+def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "bfloat16") -> None:
+    """Write the model and tokenizer of ``gguf_path`` into ``out_dir`` as safetensors (``dtype``).
+
+    The GGUF-loaded model carries a GGUF quantisation record that ``save_pretrained`` refuses to
+    serialise, although its tensors are already dequantised; the tensors are therefore moved into a
+    plain model built from the same config without that record.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = ""
+    state = loaded.state_dict()
+    generation_config = loaded.generation_config
+    del loaded
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    # With tied embeddings lm_head.weight is the embedding: its absence from the state is expected.
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta or unexpected:
+        raise RuntimeError(
+            f"GGUF conversion of {gguf_path}: parameters without weights {still_meta[:5]}, "
+            f"unexpected tensors {unexpected[:5]} (missing reported: {missing[:5]})"
+        )
+    model.generation_config = generation_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    print(
+        f"polyrl: converted {gguf_path} in {time.monotonic() - started:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
