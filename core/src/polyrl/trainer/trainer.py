@@ -253,13 +253,19 @@ class RLTrainer:
         with LoggerGroup.from_names(list(cfg.logger), logger_ctx) as loggers:
             if cfg.val_before_train and start_step == 0 and self.val_set is not None:
                 val_before = self.validate()
-                loggers.log(val_before, 0)
+                print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
+            # The first step's record also carries the validation before training (unless that
+            # step validates itself), so metrics.jsonl holds exactly one record per step.
+            pending_val = dict(val_before)
             for step in range(start_step + 1, self.total_steps + 1):
                 metrics = self._train_step(step)
                 is_last = step == self.total_steps
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                     val_after = self.validate()
                     metrics.update(val_after)
+                for name, value in pending_val.items():
+                    metrics.setdefault(name, value)
+                pending_val = {}
                 metrics["training/epoch"] = float(self.loader.epoch)
                 loggers.log(metrics, step)
                 if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last):

@@ -1,0 +1,23 @@
+# The two commands of the README: `make train` (the embedded default, offline, on CPU) and
+# `make test` (the test suite). Both install into ./.venv first when needed.
+VENV := .venv
+STAMP := $(VENV)/.polyrl-installed
+SOURCES := $(wildcard core/pyproject.toml plugins/*/pyproject.toml) scripts/install.sh
+
+.PHONY: install train test lint
+
+install: $(STAMP)
+
+$(STAMP): $(SOURCES)
+	bash scripts/install.sh
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/polyrl train $(ARGS)
+
+# pytest exits 5 when nothing was collected (e.g. a filter matched no test): not a failure here.
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest $(ARGS) || [ $$? -eq 5 ]
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
