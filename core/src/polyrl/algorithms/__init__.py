@@ -5,6 +5,7 @@ Importing this package imports torch; the entry-point modules of plugins refer t
 import string so that listing plugins stays light.
 """
 
+from polyrl.algorithms._config import cfg_get
 from polyrl.algorithms.actor_loss import LOSS_NORM_KEY, make_actor_loss_fn
 from polyrl.algorithms.functional import masked_mean, masked_sum, masked_var, masked_whiten
 from polyrl.algorithms.kl import (
@@ -31,6 +32,7 @@ __all__ = [
     "FixedKLController",
     "agg_loss",
     "apply_kl_in_reward",
+    "cfg_get",
     "check_loss_agg_mode",
     "clip_ratios",
     "kl_penalty",

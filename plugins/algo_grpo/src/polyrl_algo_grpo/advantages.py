@@ -1,0 +1,117 @@
+"""Outcome advantages that compare the samples drawn for one prompt (no critic).
+
+Each response gets one score, the sum of its token-level rewards (the verifier's reward sits on
+the last token; a KL penalty in the reward is spread over the tokens and summed in too). The
+score is compared within its group (rows sharing an ``index`` id), and the resulting scalar is
+broadcast to every response token (zero on padding). ``returns`` equal the advantages: there is
+no value function to fit.
+
+Groups of one sample: there is nothing to compare with, so the advantage is 0 and the sample
+contributes no policy gradient. This is the limit of the formulas (the group mean of one score is
+the score itself; RLOO has no "others"). verl instead uses mean 0 / std 1 for a singleton, i.e.
+the raw score as advantage -- a REINFORCE term without baseline whose sign follows the reward's
+offset (with 0/1 rewards it can only push probabilities up), unlike every other sample of the
+batch. Singletons arise only by accident (``rollout.n`` must be >= 2 for these estimators;
+filtering can leave one sample), so we keep them neutral.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from polyrl.algorithms import cfg_get
+from polyrl_algo_grpo.grouping import group_stats
+
+GRPO_EPSILON = 1e-6
+
+
+def _check(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
+        raise ValueError(
+            "token_level_rewards and response_mask must both be [B, T], got "
+            f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
+        )
+
+
+def _broadcast(per_response: torch.Tensor, like: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return per_response.to(like.dtype).unsqueeze(-1) * mask.to(like.dtype)
+
+
+def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    mask = response_mask.to(token_level_rewards.dtype)
+    return torch.where(mask != 0, token_level_rewards * mask, 0.0).sum(dim=-1)
+
+
+@torch.no_grad()
+def grpo_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (Shao et al., 2024): ``(s - mean_g) / (std_g + 1e-6)`` with the unbiased group std,
+    or ``s - mean_g`` when ``algorithm.norm_adv_by_std_in_grpo`` is false.
+
+    A group whose scores are all equal (all right, all wrong) gets advantage 0: it carries no
+    signal. A singleton group gets 0 (see the module doc).
+    """
+    _check(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, response_mask)
+    stats = group_stats(scores, index)
+    centred = scores.to(torch.float64) - stats.mean
+    if bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)):
+        centred = centred / (stats.std + GRPO_EPSILON)
+    centred = torch.where(stats.size > 1, centred, 0.0)
+    adv = _broadcast(centred, token_level_rewards, response_mask)
+    return adv, adv.clone()
+
+
+@torch.no_grad()
+def drgrpo_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr.GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training"): ``s - mean_g``.
+
+    Dividing by the group std up-weights prompts that are nearly always solved or failed (small
+    std), a difficulty bias; Dr.GRPO drops it, and pairs this with the ``seq-mean-token-sum-norm``
+    aggregation (its spec's ``default_loss_agg_mode``) to remove the length bias too.
+    """
+    _check(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, response_mask)
+    stats = group_stats(scores, index)
+    centred = torch.where(stats.size > 1, scores.to(torch.float64) - stats.mean, 0.0)
+    adv = _broadcast(centred, token_level_rewards, response_mask)
+    return adv, adv.clone()
+
+
+@torch.no_grad()
+def rloo_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al., 2024): ``s_i - mean of the other n-1 scores of the group``.
+
+    The leave-one-out baseline does not depend on the sample itself, so the estimate stays
+    unbiased; it equals ``n/(n-1) * (s_i - mean_g)``. A singleton has no others: advantage 0.
+    """
+    _check(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, response_mask).to(torch.float64)
+    stats = group_stats(scores, index)
+    others = (stats.total - scores) / (stats.size - 1).clamp_min(1)
+    centred = torch.where(stats.size > 1, scores - others, 0.0)
+    adv = _broadcast(centred, token_level_rewards, response_mask)
+    return adv, adv.clone()

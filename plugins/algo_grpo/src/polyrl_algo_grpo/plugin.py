@@ -1,0 +1,46 @@
+"""Entry point of polyrl-algo-grpo. Light on purpose: no torch import here; the registry
+resolves the import strings only when a name is selected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl import hookimpl
+from polyrl.specs import AdvantageEstimatorSpec, PolicyLossSpec
+
+_ADV = "polyrl_algo_grpo.advantages"
+
+
+@hookimpl
+def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
+    yield AdvantageEstimatorSpec(
+        name="grpo",
+        description="GRPO: (score - group mean) / (group std + 1e-6); "
+        "algorithm.norm_adv_by_std_in_grpo=false drops the std",
+        fn=f"{_ADV}:grpo_advantage",
+        requires_groups=True,
+    )
+    for name in ("drgrpo", "dr_grpo"):
+        yield AdvantageEstimatorSpec(
+            name=name,
+            description="Dr.GRPO: score - group mean (no std), with seq-mean-token-sum-norm",
+            fn=f"{_ADV}:drgrpo_advantage",
+            requires_groups=True,
+            default_loss_agg_mode="seq-mean-token-sum-norm",
+        )
+    yield AdvantageEstimatorSpec(
+        name="rloo",
+        description="RLOO: score - mean score of the other samples of the group",
+        fn=f"{_ADV}:rloo_advantage",
+        requires_groups=True,
+    )
+
+
+@hookimpl
+def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
+    yield PolicyLossSpec(
+        name="gspo",
+        description="GSPO: clipped sequence-level importance ratio (geometric mean of token "
+        "ratios); use with loss_agg_mode=seq-mean-token-mean",
+        fn="polyrl_algo_grpo.gspo:gspo_policy_loss",
+    )
