@@ -1,0 +1,454 @@
+"""Checkpoint layout, crash-safe commits, retention, resume selection and the driver's state.
+
+Layout (verl's, so verl users and tools find their way)::
+
+    ${trainer.default_local_dir}/
+        latest_checkpointed_iteration.txt      # the newest complete step, e.g. "40"
+        global_step_40/
+            actor/                             # the engine's sharded state (written by workers)
+            trainer_state.json                 # step, epoch, data-loader state, config hash, ...
+            driver_rng.json                    # python / numpy / torch RNG states of the driver
+            COMPLETE                           # commit marker (see below)
+        global_step_40.tmp-k3j2/               # a save in progress (or one a crash left behind)
+
+Why a staging folder and a marker: a checkpoint is written by many processes (each worker writes
+its shard, the driver its state) and takes seconds to minutes. A crash, a pre-emption or a full
+disk in that window must never leave a folder that resume would pick up and then fail on (or,
+worse, load half of). So every save goes to ``global_step_<N>.tmp-<random>`` on the same
+filesystem; :meth:`CheckpointManager.commit` fsyncs everything, writes the ``COMPLETE`` marker,
+and renames the folder to ``global_step_<N>`` in one atomic ``rename``. Only folders with that
+exact name *and* the marker count as checkpoints. A crash at any point therefore leaves either
+the previous state or the new complete checkpoint, plus some leftovers that :meth:`clean_stale`
+removes at the next start.
+
+"Newest" means the highest step among complete checkpoints. ``latest_checkpointed_iteration.txt``
+is kept up to date (atomically) for verl-compatible tools, but resume does not trust it: a crash
+between the rename and its update would otherwise hide the newest checkpoint. Do not point a new
+run (``resume_mode=disable``) at a folder that holds another run's checkpoints: ``auto`` resume and
+retention would treat them as this run's.
+
+On multi-node runs ``default_local_dir`` must be a filesystem shared by the driver and the
+workers (the workers write into the staging folder the driver created).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from polyrl.errors import ConfigError
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+MARKER_FILE = "COMPLETE"
+TRAINER_STATE_FILE = "trainer_state.json"
+RNG_STATE_FILE = "driver_rng.json"
+ACTOR_SUBDIR = "actor"
+STEP_PREFIX = "global_step_"
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+# leftovers: a save in progress / crashed (.tmp-), an older copy being replaced (.old-),
+# a checkpoint being deleted (.del-)
+_LEFTOVER = re.compile(r"^global_step_(\d+)\.(tmp|old|del)-[A-Za-z0-9_]+$")
+
+_log = logging.getLogger(__name__)
+
+
+# ---- small filesystem helpers ------------------------------------------------------------------
+def _polyrl_version() -> str:
+    from polyrl import __version__
+
+    return __version__
+
+
+def _fsync_path(path: str) -> None:
+    """fsync a file or a directory (a directory's fsync makes renames/creations in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """fsync every file and folder under ``root`` (bottom-up, so each folder after its entries)."""
+    for folder, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                _fsync_path(path)
+        _fsync_path(folder)
+
+
+def _random_tag() -> str:
+    return base64.b32encode(os.urandom(5)).decode().lower()
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old content or the new, never a part:
+    temporary file in the same folder, fsync, rename over, fsync the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_path(folder)
+
+
+def step_of(path: str) -> int | None:
+    """The step of a ``global_step_<N>`` folder path, or ``None`` for any other name."""
+    match = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path: str) -> bool:
+    """Whether ``path`` is a committed checkpoint folder (it holds the commit marker)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MARKER_FILE))
+
+
+def read_latest_file(root_dir: str) -> int | None:
+    """The step recorded in ``latest_checkpointed_iteration.txt`` (verl's tracker), if any."""
+    try:
+        with open(os.path.join(root_dir, LATEST_FILE), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """A stable SHA-256 of a config dict (key order does not matter), stored in
+    ``trainer_state.json`` so a resume can tell whether the config changed."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _setting(cfg: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a dataclass, an OmegaConf node or a plain dict."""
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+# ---- the manager -------------------------------------------------------------------------------
+class CheckpointManager:
+    """Owns ``root_dir`` (``trainer.default_local_dir``): staging, commit, retention, lookup.
+
+    ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep at most this many complete
+    checkpoints, deleting the oldest after each commit; ``None`` or a value ``<= 0`` keeps all
+    (as in verl).
+    """
+
+    def __init__(self, root_dir: str, max_to_keep: int | None = None) -> None:
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
+        ):
+            raise ConfigError(
+                f"trainer.max_actor_ckpt_to_keep must be an integer or null, got {max_to_keep!r}"
+            )
+        self.root_dir = os.path.abspath(os.path.expanduser(str(root_dir)))
+        self.max_to_keep = max_to_keep if max_to_keep and max_to_keep > 0 else None
+
+    # ---- writing ---------------------------------------------------------------------------
+    def step_path(self, step: int) -> str:
+        """Where the committed checkpoint of ``step`` lives."""
+        return os.path.join(self.root_dir, f"{STEP_PREFIX}{int(step)}")
+
+    def staging_dir(self, step: int) -> str:
+        """A new, empty ``global_step_<N>.tmp-<random>`` folder under the root (same filesystem,
+        so the commit's rename is atomic) for the workers and the driver to write into."""
+        step = self._check_step(step)
+        os.makedirs(self.root_dir, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"{STEP_PREFIX}{step}.tmp-", dir=self.root_dir)
+
+    def commit(self, step: int, staging: str) -> str:
+        """Make the save in ``staging`` the checkpoint of ``step``; return its final path.
+
+        Order: fsync the staged files, write and fsync the marker, move an existing
+        ``global_step_<N>`` aside, rename staging into place, fsync the root, update the latest
+        file, delete the old copy, apply retention. Before the rename nothing has the final name;
+        after it the folder is complete.
+        """
+        step = self._check_step(step)
+        staging = os.path.abspath(staging)
+        expected_prefix = f"{STEP_PREFIX}{step}.tmp-"
+        if (
+            os.path.dirname(staging) != self.root_dir
+            or not os.path.basename(staging).startswith(expected_prefix)
+            or not os.path.isdir(staging)
+        ):
+            raise ValueError(
+                f"commit(step={step}) needs a staging folder made by staging_dir({step}) under "
+                f"{self.root_dir}; got {staging!r}"
+            )
+        _fsync_tree(staging)
+        marker = {"step": step, "polyrl_version": _polyrl_version(), "committed_at": time.time()}
+        marker_path = os.path.join(staging, MARKER_FILE)
+        with open(marker_path, "w", encoding="utf-8") as fh:
+            json.dump(marker, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_path(staging)
+
+        final = self.step_path(step)
+        old: str | None = None
+        if os.path.lexists(final):
+            old = os.path.join(self.root_dir, f"{STEP_PREFIX}{step}.old-{_random_tag()}")
+            os.rename(final, old)
+        os.rename(staging, final)
+        _fsync_path(self.root_dir)
+        self._write_latest_file()
+        if old is not None:
+            self._remove(old)
+        self._apply_retention(keep=final)
+        return final
+
+    def _write_latest_file(self) -> None:
+        newest = self.latest()
+        if newest is not None and read_latest_file(self.root_dir) != newest[0]:
+            atomic_write_text(os.path.join(self.root_dir, LATEST_FILE), str(newest[0]))
+
+    def _apply_retention(self, keep: str) -> None:
+        if self.max_to_keep is None:
+            return
+        complete = self.complete_checkpoints()
+        surplus = len(complete) - self.max_to_keep
+        for _step, path in complete:
+            if surplus <= 0:
+                break
+            if path != keep:
+                self._remove(path)
+                surplus -= 1
+
+    def _remove(self, path: str) -> None:
+        """Delete a checkpoint folder: first rename it to a ``.del-`` name (atomic, so it stops
+        counting at once), then delete the files; a crash in between leaves only a leftover."""
+        name = os.path.basename(path)
+        match = _STEP_DIR.match(name) or _LEFTOVER.match(name)
+        step = match.group(1) if match else "x"
+        doomed = os.path.join(self.root_dir, f"{STEP_PREFIX}{step}.del-{_random_tag()}")
+        os.rename(path, doomed)
+        _fsync_path(self.root_dir)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def complete_checkpoints(self) -> list[tuple[int, str]]:
+        """Every committed checkpoint as ``(step, path)``, oldest first."""
+        if not os.path.isdir(self.root_dir):
+            return []
+        found = []
+        for name in os.listdir(self.root_dir):
+            match = _STEP_DIR.match(name)
+            path = os.path.join(self.root_dir, name)
+            if match and is_complete(path):
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> tuple[int, str] | None:
+        """The newest complete checkpoint as ``(step, path)``; ``None`` when there is none.
+        Staging folders, leftovers and folders without the marker are never returned."""
+        complete = self.complete_checkpoints()
+        return complete[-1] if complete else None
+
+    def clean_stale(self) -> list[str]:
+        """Tidy what crashed runs left behind; call once at start, before any save.
+
+        Removes staging (``.tmp-``) and half-deleted (``.del-``) folders. An ``.old-`` copy
+        (moved aside while a step was being re-saved) is put back if the crash happened before
+        the new copy took its name, else removed. Also removes stray temporary latest files and
+        brings ``latest_checkpointed_iteration.txt`` in line with :meth:`latest`. Returns the
+        paths removed.
+        """
+        if not os.path.isdir(self.root_dir):
+            return []
+        removed: list[str] = []
+        for name in sorted(os.listdir(self.root_dir)):
+            path = os.path.join(self.root_dir, name)
+            match = _LEFTOVER.match(name)
+            if match and os.path.isdir(path):
+                final = self.step_path(int(match.group(1)))
+                if match.group(2) == "old" and not os.path.lexists(final) and is_complete(path):
+                    os.rename(path, final)
+                    _log.warning("restored %s from an interrupted re-save", final)
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            elif name.startswith(f".{LATEST_FILE}.") and name.endswith(".tmp"):
+                os.unlink(path)
+                removed.append(path)
+        if removed:
+            _fsync_path(self.root_dir)
+            _log.info(
+                "removed %d leftovers of interrupted saves under %s", len(removed), self.root_dir
+            )
+        self._write_latest_file()
+        return removed
+
+    def resolve_resume(self, trainer_cfg: Any) -> str | None:
+        """The checkpoint folder to resume from, per ``trainer.resume_mode``:
+
+        ``auto``: the newest complete checkpoint under the root, or ``None`` (fresh start);
+        ``disable``: ``None``; ``resume_path``: ``trainer.resume_from_path``, which must be a
+        complete ``global_step_<N>`` folder. ``trainer_cfg`` is the ``trainer`` section
+        (dataclass, OmegaConf node or dict).
+        """
+        mode = str(_setting(trainer_cfg, "resume_mode", "auto") or "auto")
+        if mode == "disable":
+            return None
+        if mode == "auto":
+            newest = self.latest()
+            return newest[1] if newest else None
+        if mode == "resume_path":
+            return self._check_resume_path(_setting(trainer_cfg, "resume_from_path"))
+        raise ConfigError(
+            f"trainer.resume_mode={mode!r} is not valid; use one of {', '.join(RESUME_MODES)}"
+        )
+
+    def _check_resume_path(self, given: Any) -> str:
+        if not given:
+            raise ConfigError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>"
+                " (or use trainer.resume_mode=auto to take the newest checkpoint)"
+            )
+        path = os.path.abspath(os.path.expanduser(str(given)))
+        if not os.path.isdir(path):
+            raise ConfigError(f"trainer.resume_from_path={given!r}: no such folder ({path})")
+        if step_of(path) is None:
+            raise ConfigError(
+                f"trainer.resume_from_path={given!r} must be a checkpoint folder named "
+                f"global_step_<N> (got {os.path.basename(path)!r})"
+            )
+        if not is_complete(path):
+            hint = CheckpointManager(os.path.dirname(path)).latest()
+            alternative = (
+                f"; the newest complete one there is {hint[1]}" if hint else "; none there is"
+            )
+            raise ConfigError(
+                f"trainer.resume_from_path={given!r} is an incomplete checkpoint (no {MARKER_FILE} "
+                f"marker: its save was interrupted){alternative}"
+            )
+        return path
+
+    @staticmethod
+    def _check_step(step: Any) -> int:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        return step
+
+
+# ---- the driver's own state --------------------------------------------------------------------
+def capture_rng_state() -> dict[str, Any]:
+    """The driver's python, numpy and torch (CPU; CUDA when initialised) RNG states as JSON-able
+    data (byte states in base64). Libraries that are not installed are skipped."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None  # type: ignore[assignment]
+    if np is not None:
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = {
+            "kind": kind,
+            "keys": [int(k) for k in keys],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    try:
+        import torch
+    except ImportError:
+        return state
+    state["torch"] = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
+        ]
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back what :func:`capture_rng_state` returned."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        import numpy as np
+
+        s = state["numpy"]
+        np.random.set_state(
+            (s["kind"], np.array(s["keys"], dtype=np.uint32), s["pos"], s["has_gauss"],
+             s["cached_gaussian"])
+        )  # fmt: skip
+    if "torch" in state or "torch_cuda" in state:
+        import torch
+
+        def _bytes(b64: str) -> Any:
+            return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.uint8)
+
+        if "torch" in state:
+            torch.set_rng_state(_bytes(state["torch"]))
+        cuda = state.get("torch_cuda")
+        if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            torch.cuda.set_rng_state_all([_bytes(s) for s in cuda])
+        elif cuda:
+            _log.warning("checkpoint has CUDA RNG states for %d devices; not restored", len(cuda))
+
+
+def save_driver_state(ckpt_dir: str, state: dict[str, Any], *, rng: bool = True) -> None:
+    """Write ``trainer_state.json`` (``state`` plus ``polyrl_version``) into ``ckpt_dir`` — usually
+    a staging folder — and, with ``rng``, the driver's RNG states to ``driver_rng.json``.
+
+    ``state`` must be JSON-able: the step, epoch, data-loader position, ``config_hash(...)``.
+    """
+    record = {"polyrl_version": _polyrl_version(), **state}
+    try:
+        text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"driver state for {ckpt_dir} must be JSON-serialisable (plain numbers, strings, "
+            f"lists, dicts; finite floats): {exc}"
+        ) from exc
+    atomic_write_text(os.path.join(ckpt_dir, TRAINER_STATE_FILE), text + "\n")
+    if rng:
+        atomic_write_text(os.path.join(ckpt_dir, RNG_STATE_FILE), json.dumps(capture_rng_state()))
+
+
+def load_driver_state(ckpt_dir: str, *, restore_rng: bool = True) -> dict[str, Any]:
+    """Read ``trainer_state.json`` from a checkpoint folder; with ``restore_rng`` also put back
+    the driver's RNG states saved beside it (a warning if there are none)."""
+    path = os.path.join(ckpt_dir, TRAINER_STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{ckpt_dir} is not a polyrl checkpoint: it has no {TRAINER_STATE_FILE}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is corrupt ({exc}); resume from another checkpoint") from exc
+    if restore_rng:
+        rng_path = os.path.join(ckpt_dir, RNG_STATE_FILE)
+        if os.path.isfile(rng_path):
+            with open(rng_path, encoding="utf-8") as fh:
+                restore_rng_state(json.load(fh))
+        else:
+            _log.warning("%s has no %s: driver RNG states not restored", ckpt_dir, RNG_STATE_FILE)
+    return state
