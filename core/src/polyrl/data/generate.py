@@ -1,0 +1,245 @@
+"""Writers of verl-format train/val parquet files, offline: reasoning-gym tasks and polyrl's tiny
+synthetic task.
+
+The files are ordinary verl-format parquet (``data_source``, ``prompt``, ``ability``,
+``reward_model``, ``extra_info``), so they work with verl too, and polyrl reads verl's files the
+same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from polyrl.errors import DataError
+
+SPLITS = ("train", "val")
+
+#: The instruction of every reasoning-gym prompt: the scorer reads the ``<answer>`` tag.
+ANSWER_FORMAT_SYSTEM = "You give only the final answer, inside <answer></answer> tags."
+#: ``fewshot``: one solved example of the same task as a first chat turn (small models copy the
+#: format of an example far more reliably than they follow an instruction); ``system``: the
+#: instruction alone; ``plain``: the task's question alone.
+PROMPT_STYLES = ("fewshot", "system", "plain")
+#: Seed offset of the few-shot example, so that it is not one of the problems of the splits.
+_FEWSHOT_SEED_OFFSET = 1_000_003
+
+TINY_DIGITS_SOURCE = "polyrl/tiny_digits"
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write ``rows`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- reasoning-gym ------------------------------------------------------------------------------
+def _create_task_dataset(task: str, size: int, seed: int, task_config: Mapping[str, Any]) -> Any:
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        raise DataError(
+            f"reasoning-gym has no task {task!r}; some of its tasks: "
+            f"{', '.join(sorted(DATASETS)[:40])} ... ({len(DATASETS)} in all)"
+        )
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **dict(task_config))
+    except (TypeError, AssertionError, ValueError) as exc:
+        raise DataError(
+            f"reasoning-gym task {task!r} rejected the settings {dict(task_config)} "
+            f"(size={size}, seed={seed}): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def reasoning_gym_prompt(question: str, style: str, example: Mapping[str, Any] | None) -> list:
+    """The chat messages of one reasoning-gym problem in the given :data:`PROMPT_STYLES`."""
+    if style == "plain":
+        return [{"role": "user", "content": question}]
+    messages = [{"role": "system", "content": ANSWER_FORMAT_SYSTEM}]
+    if style == "fewshot":
+        if example is None:
+            raise ValueError("the fewshot style needs an example entry")
+        messages += [
+            {"role": "user", "content": str(example["question"])},
+            {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"},
+        ]
+    elif style != "system":
+        raise DataError(f"prompt style {style!r}: use one of {', '.join(PROMPT_STYLES)}")
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def reasoning_gym_rows(
+    task: str,
+    *,
+    size: int,
+    seed: int,
+    split: str,
+    task_config: Mapping[str, Any] | None = None,
+    prompt_style: str = "fewshot",
+) -> list[dict[str, Any]]:
+    """verl-format rows of ``size`` problems of a reasoning-gym task.
+
+    ``extra_info["entry"]`` holds the whole entry (question, answer, metadata) as JSON text: the
+    task's scorer needs it, and JSON keeps the parquet schema uniform across tasks whose metadata
+    differ in shape.
+    """
+    if prompt_style not in PROMPT_STYLES:
+        raise DataError(f"prompt style {prompt_style!r}: use one of {', '.join(PROMPT_STYLES)}")
+    config = dict(task_config or {})
+    dataset = _create_task_dataset(task, size, seed, config)
+    example = None
+    if prompt_style == "fewshot":
+        example = _create_task_dataset(task, 1, seed + _FEWSHOT_SEED_OFFSET, config)[0]
+    category = getattr(dataset, "category", "other")
+    rows = []
+    for i in range(size):
+        entry = dataset[i]
+        rows.append(
+            {
+                "data_source": f"reasoning_gym/{task}",
+                "prompt": reasoning_gym_prompt(str(entry["question"]), prompt_style, example),
+                "ability": f"reasoning_gym/{category}",
+                "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+                "extra_info": {
+                    "split": split,
+                    "index": i,
+                    "task": task,
+                    "entry": json.dumps(entry, default=_json_default),
+                },
+            }
+        )
+    return rows
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def write_reasoning_gym(
+    task: str,
+    out_dir: str | Path,
+    *,
+    train_size: int = 512,
+    val_size: int = 64,
+    seed: int = 1,
+    task_config: Mapping[str, Any] | None = None,
+    prompt_style: str = "fewshot",
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of a reasoning-gym task into ``out_dir``.
+
+    The splits use different seeds (``seed`` and ``seed + 1``); on tasks with few distinct problems
+    (e.g. one-digit sums) they can still share questions.
+    """
+    sizes = {"train": train_size, "val": val_size}
+    paths = {}
+    for offset, split in enumerate(SPLITS):
+        rows = reasoning_gym_rows(
+            task,
+            size=sizes[split],
+            seed=seed + offset,
+            split=split,
+            task_config=task_config,
+            prompt_style=prompt_style,
+        )
+        paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
+    return paths
+
+
+# ---- the tiny synthetic task --------------------------------------------------------------------
+_TINY_TEMPLATES = ("Write the digit {d}:", "Digit {d}, many times:", "Repeat {d}:", "{d}{d}{d}")
+
+
+def tiny_digits_rows(*, size: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """Rows of ``polyrl/tiny_digits``: the prompt names a digit; the reward
+    (:func:`polyrl.rewards.scorers.tiny_digits_score`) gives each response character 1.0 if it is
+    that digit, 0.5 if it is another digit, 0 otherwise, averaged. A randomly initialised model
+    emits digits now and then, so groups of samples differ in reward from the first step and
+    GRPO has signal; the full reward needs reading the prompt.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for i in range(size):
+        digit = str(rng.randrange(10))
+        text = rng.choice(_TINY_TEMPLATES).format(d=digit)
+        rows.append(
+            {
+                "data_source": TINY_DIGITS_SOURCE,
+                "prompt": [{"role": "user", "content": text}],
+                "ability": "synthetic",
+                "reward_model": {"style": "rule", "ground_truth": digit},
+                "extra_info": {"split": split, "index": i},
+            }
+        )
+    return rows
+
+
+def write_tiny_digits(
+    out_dir: str | Path, *, train_size: int = 256, val_size: int = 32, seed: int = 1
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of the tiny synthetic task into ``out_dir``."""
+    sizes = {"train": train_size, "val": val_size}
+    return {
+        split: write_parquet(
+            tiny_digits_rows(size=sizes[split], seed=seed * 2 + offset, split=split),
+            Path(out_dir) / f"{split}.parquet",
+        )
+        for offset, split in enumerate(SPLITS)
+    }
+
+
+# ---- registry of generators (for builtin: sources and the CLI) ----------------------------------
+def _gen_tiny_digits(out_dir: Path, params: dict[str, Any], task: str | None) -> dict[str, Path]:
+    if task:
+        raise DataError(f"builtin:tiny_digits takes no task, got 'tiny_digits/{task}'")
+    known = {"train_size", "val_size", "seed"}
+    unknown = set(params) - known
+    if unknown:
+        raise DataError(
+            f"builtin:tiny_digits: unknown option(s) {sorted(unknown)}; it takes {sorted(known)}"
+        )
+    return write_tiny_digits(out_dir, **{k: int(v) for k, v in params.items()})
+
+
+def _gen_reasoning_gym(out_dir: Path, params: dict[str, Any], task: str | None) -> dict[str, Path]:
+    if not task:
+        raise DataError(
+            "builtin:reasoning_gym needs a task: builtin:reasoning_gym/<task>?train_size=512"
+        )
+    options = dict(params)
+    sizes = {k: int(options.pop(k)) for k in ("train_size", "val_size", "seed") if k in options}
+    style = str(options.pop("prompt_style", "fewshot"))
+    config = options.pop("task_config", None) or {}
+    if isinstance(config, str):
+        config = json.loads(config)
+    config.update(options)  # every other option is a setting of the task's config
+    return write_reasoning_gym(task, out_dir, task_config=config, prompt_style=style, **sizes)
+
+
+GENERATORS: dict[str, Callable[[Path, dict[str, Any], str | None], dict[str, Path]]] = {
+    "tiny_digits": _gen_tiny_digits,
+    "reasoning_gym": _gen_reasoning_gym,
+}
