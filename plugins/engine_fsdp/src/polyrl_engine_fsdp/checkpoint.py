@@ -1,0 +1,195 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) and Hugging Face export.
+
+Layout of a checkpoint folder::
+
+    <path>/.metadata, <path>/__<rank>_0.distcp   DCP: {"model": ..., "optim": ...} sharded
+    <path>/extra_state_rank_<r>.pt              LR schedule, RNG states, step counter of rank r
+
+Each rank writes only its shards, so saving costs no all-gather and a checkpoint can be loaded
+on another world size (DCP reshards). RNG states differ per rank, hence one extra file each.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from polyrl.errors import PolyrlError
+
+EXTRA_STATE = "extra_state_rank_{rank}.pt"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+
+class CheckpointError(PolyrlError):
+    """A checkpoint folder is missing or does not match this engine."""
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_sharded(
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra: dict[str, Any],
+) -> None:
+    """Write the DCP shards and this rank's extra state (collective)."""
+    os.makedirs(path, exist_ok=True)
+    dcp.save(_dcp_state(model, optimizer), checkpoint_id=path)
+    torch.save(extra, os.path.join(path, EXTRA_STATE.format(rank=dist.get_rank())))
+    dist.barrier()
+
+
+def load_sharded(
+    path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    """Load the shards into ``model``/``optimizer`` in place; return this rank's extra state
+    (rank 0's when the checkpoint was written by fewer ranks)."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CheckpointError(
+            f"{path!r} is not an FSDP engine checkpoint (no DCP .metadata file); pass the folder "
+            f"that save_checkpoint wrote"
+        )
+    state = _dcp_state(model, optimizer)
+    if optimizer is not None and not _has_optimizer_state(path):
+        raise CheckpointError(
+            f"{path!r} holds no optimizer state (written by a non-trainable engine); "
+            f"a trainable engine cannot resume from it"
+        )
+    dcp.load(state, checkpoint_id=path)
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+    extra_path = os.path.join(path, EXTRA_STATE.format(rank=dist.get_rank()))
+    if not os.path.isfile(extra_path):
+        extra_path = os.path.join(path, EXTRA_STATE.format(rank=0))
+    if not os.path.isfile(extra_path):
+        raise CheckpointError(f"{path!r} lacks {EXTRA_STATE.format(rank=0)} (incomplete save?)")
+    return torch.load(extra_path, weights_only=False)
+
+
+def _has_optimizer_state(path: str) -> bool:
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    return any(key.startswith("optim.") for key in metadata.state_dict_metadata)
+
+
+def full_state_dict_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model on rank 0's CPU (other ranks get an empty dict); collective."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def write_hf_folder(
+    path: str,
+    state_dict: dict[str, torch.Tensor],
+    hf_config: Any,
+    dtype: torch.dtype,
+    tokenizer_source: str,
+    trust_remote_code: bool = False,
+) -> None:
+    """Save ``state_dict`` as a ``save_pretrained`` folder (safetensors) plus tokenizer files.
+
+    The weights are placed into a model built on the meta device (no memory, no random init),
+    so ``save_pretrained`` sees real tied parameters and writes the layout ``from_pretrained``
+    expects.
+    """
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(path, exist_ok=True)
+    config = type(hf_config).from_dict(hf_config.to_dict())
+    config.use_cache = True
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    aliases = _alias_names(model)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+    for alias in aliases:
+        weights.pop(alias, None)
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    missing = [k for k in missing if k not in aliases]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"exported weights do not match {type(model).__name__}: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    model.tie_weights()
+    model.save_pretrained(path)
+    _copy_tokenizer(tokenizer_source, path, trust_remote_code)
+
+
+def _alias_names(model: nn.Module) -> set[str]:
+    """Names of parameters that are the same object as an earlier one (tied weights)."""
+    seen: set[int] = set()
+    aliases: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.add(id(param))
+    return aliases
+
+
+def _copy_tokenizer(source: str, target: str, trust_remote_code: bool) -> None:
+    copied = False
+    for name in TOKENIZER_FILES:
+        src = os.path.join(source, name)
+        if os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(target, name))
+            copied = True
+    if not copied:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer.save_pretrained(target)

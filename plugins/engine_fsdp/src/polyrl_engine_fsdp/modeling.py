@@ -1,0 +1,103 @@
+"""Build the Hugging Face model and shard it with FSDP2 (``fully_shard``).
+
+Each decoder layer (the model's ``_no_split_modules`` classes) becomes its own FSDP unit, so
+only one layer's full weights exist at a time; the root unit holds the rest: embeddings, final
+norm and ``lm_head``. Tied embeddings (``lm_head.weight is embed_tokens.weight``, as in SmolLM2
+and small Qwen2) stay one parameter because both modules live in the root unit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from polyrl.errors import ConfigError
+from polyrl_engine_fsdp.config import EngineSettings
+
+_CONFIG_KWARGS = ("attn_implementation",)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def load_hf_config(model_path: str, settings: EngineSettings) -> Any:
+    """The model's config with ``override_config`` applied (keys set as attributes)."""
+    from transformers import AutoConfig
+
+    if not os.path.isdir(model_path):
+        raise ConfigError(
+            f"actor_rollout_ref.model.path={model_path!r} is not a local folder; the FSDP engine "
+            f"loads a Hugging Face folder (polyrl resolves hub ids and .gguf files before this)"
+        )
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=settings.trust_remote_code)
+    for key, value in settings.override_config.items():
+        if key in _CONFIG_KWARGS:
+            continue
+        setattr(config, key, value)
+    config.use_cache = False
+    return config
+
+
+def load_hf_model(model_path: str, settings: EngineSettings, device: torch.device) -> nn.Module:
+    """``AutoModelForCausalLM`` in float32 (the master weights) on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_hf_config(model_path, settings)
+    kwargs: dict[str, Any] = {}
+    for key in _CONFIG_KWARGS:
+        if key in settings.override_config:
+            kwargs[key] = settings.override_config[key]
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        config=config,
+        dtype=torch.float32,
+        trust_remote_code=settings.trust_remote_code,
+        **kwargs,
+    )
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one, found through ``_no_split_modules``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ConfigError(
+            f"cannot find the decoder layers of {type(model).__name__} (its _no_split_modules "
+            f"is {sorted(names)}); the FSDP engine shards Hugging Face causal LMs that declare them"
+        )
+    return layers
+
+
+def shard_model(
+    model: nn.Module, settings: EngineSettings, device: torch.device
+) -> tuple[nn.Module, DeviceMesh]:
+    """Apply ``fully_shard`` to every decoder layer, then to the root."""
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
+    compute = torch_dtype(settings.dtype)
+    if settings.mixed_precision and compute != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    if settings.param_offload and device.type == "cuda":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model, mesh
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Return every FSDP unit to its sharded state (after a forward that kept weights whole,
+    e.g. ``reshard_after_forward=False`` under ``no_grad``), before reading the state dict."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

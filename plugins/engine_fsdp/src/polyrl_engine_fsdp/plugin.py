@@ -1,0 +1,38 @@
+"""Entry-point module: registers the FSDP2 engine under ``fsdp2`` and its alias ``fsdp``.
+
+Light on purpose: only polyrl's hook marker and spec type are imported; the engine is named by
+import string and imported when a run selects it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl import hookimpl
+from polyrl.specs import TrainingEngineSpec
+
+ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
+
+
+def _spec(name: str, description: str) -> TrainingEngineSpec:
+    return TrainingEngineSpec(
+        name=name,
+        description=description,
+        engine=ENGINE,
+        supports_cpu=True,
+        supports_cuda=True,
+        supports_lora=False,
+        supports_sequence_packing=False,
+        supports_weight_sync=True,
+        supports_checkpoint=True,
+    )
+
+
+@hookimpl
+def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
+    yield _spec(
+        "fsdp2",
+        "PyTorch FSDP2 (fully_shard): bf16 mixed precision, token-budget micro-batches, "
+        "DCP checkpoints, HF export",
+    )
+    yield _spec("fsdp", "Alias of fsdp2: this package implements FSDP with FSDP2 (fully_shard)")

@@ -1,0 +1,35 @@
+"""The learning-rate schedule: linear warm-up, then constant or cosine decay to ``min_lr_ratio``.
+
+One scheduler step per optimizer step. During warm-up the factor is ``(k + 1) / warmup`` for
+optimizer step ``k`` (0-based), so the first update already moves the weights (the Hugging Face
+convention ``k / warmup`` spends the first step at lr 0) and step ``warmup - 1`` reaches the full
+rate. Cosine decays over the steps after warm-up and stays at ``min_lr_ratio`` past the end.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from polyrl_engine_fsdp.config import OptimSettings
+
+
+def lr_factor(step: int, settings: OptimSettings) -> float:
+    """The multiplier of the base learning rate at optimizer step ``step`` (0-based)."""
+    warmup = settings.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if settings.warmup_style == "constant":
+        return 1.0
+    decay_steps = max(1, settings.total_steps - warmup)
+    progress = min(1.0, (step - warmup) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, settings: OptimSettings
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` following :func:`lr_factor` (its state dict is the step counter)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
