@@ -289,3 +289,39 @@ def test_group_finishes_built_loggers_when_a_later_one_fails(tmp_path):
     finally:
         set_registry(previous)
     assert _Recorder.calls == [("finish",)]
+
+
+# ---- reward-curve plot ------------------------------------------------------------------------
+def test_plot_reward_curve_writes_png_from_jsonl(tmp_path):
+    from matplotlib.image import imread
+
+    from polyrl.errors import DataError
+    from polyrl.plotting import load_reward_series, plot_reward_curve
+
+    ctx = _ctx(tmp_path, total=4)
+    with LoggerGroup([JsonlLogger(ctx)]) as group:
+        group.log({"val-core/gsm8k/reward/mean@1": 0.1}, 0)  # validation before training
+        for step in (1, 2, 3, 4):
+            group.log({"critic/score/mean": step / 8, "actor/pg_loss": -0.1}, step)
+        group.log({"critic/score/mean": math.nan}, 5)  # written as null, skipped in the plot
+    path = os.path.join(ctx.log_dir, "metrics.jsonl")
+    train, val = load_reward_series(path)
+    assert train == [(1, 0.125), (2, 0.25), (3, 0.375), (4, 0.5)]
+    assert val == {"gsm8k": [(0, 0.1)]}
+
+    out = plot_reward_curve(path, str(tmp_path / "plots" / "reward.png"))
+    assert out == str(tmp_path / "plots" / "reward.png")
+    with open(out, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    pixels = imread(out)
+    assert pixels.shape[:2] == (540, 960)  # 8 x 4.5 inches at 120 dpi
+    # the train line is drawn in matplotlib's first colour, #1f77b4
+    blue = (abs(pixels[..., 0] - 0x1F / 255) < 0.02) & (abs(pixels[..., 2] - 0xB4 / 255) < 0.02)
+    assert blue.sum() > 100
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"step": 1, "actor/pg_loss": 0.5}\n')
+    with pytest.raises(DataError, match="no reward curve"):
+        plot_reward_curve(str(empty), str(tmp_path / "x.png"))
+    with pytest.raises(DataError, match="no metrics file"):
+        plot_reward_curve(str(tmp_path / "missing.jsonl"), str(tmp_path / "x.png"))
