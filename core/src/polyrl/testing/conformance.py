@@ -1,0 +1,704 @@
+"""Conformance suites: one base test class per plugin kind.
+
+A plugin's test module subclasses the class of its kind, names the registration, and inherits tests
+that check the contract every trainer relies on::
+
+    class TestGrpo(AdvantageEstimatorConformance):
+        plugin_name = "grpo"
+
+    class TestFsdp(TrainingEngineConformance):
+        plugin_name = "fsdp2"
+        vocab_size = 256
+        def make_engine(self, tmp_path):
+            ...  # a tiny model, one rank
+            return engine
+
+The registration is looked up in the installed plugins (entry points). A plugin that is not
+installed can set ``plugin_module`` to its hook module (or any object with ``@hookimpl``s); the
+suite then builds a registry of the built-ins plus that module.
+
+The class names do not start with ``Test``, so pytest collects them only through subclasses.
+torch is imported inside the tests, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import is_dataclass
+from importlib import metadata
+from typing import Any, ClassVar
+
+import pytest
+
+from polyrl.registry import BUILTIN_DISTRIBUTION, Provenance, Registration, Registry, discover
+from polyrl.specs import SPEC_TYPES, PluginKind, resolve_object
+
+HEAVY_MODULES = (
+    "torch",
+    "vllm",
+    "sglang",
+    "megatron",
+    "deepspeed",
+    "ray",
+    "transformers",
+    "tensorflow",
+    "jax",
+)
+
+
+def _entry_point_module(provenance: Provenance) -> str | None:
+    """The module an installed plugin's entry point names (``polyrl.builtins`` for built-ins)."""
+    if provenance.distribution == BUILTIN_DISTRIBUTION and provenance.plugin == "builtins":
+        return "polyrl.builtins"
+    for ep in metadata.entry_points(group="polyrl"):
+        dist = getattr(ep, "dist", None)
+        if (
+            ep.name == provenance.plugin
+            and dist is not None
+            and dist.metadata["Name"] == provenance.distribution
+        ):
+            return ep.value.partition(":")[0]
+    return None
+
+
+def _scalar(value: Any) -> float:
+    """A metric value (float, int or 0-d tensor) as a float."""
+    if hasattr(value, "item"):
+        return float(value.item())
+    return float(value)
+
+
+class _PluginConformance:
+    """Tests every registration passes, whatever its kind."""
+
+    kind: ClassVar[PluginKind]
+    plugin_name: ClassVar[str] = ""
+    plugin_module: ClassVar[Any] = None
+    """Set to a hook module/object to test a plugin that is not installed."""
+
+    # ---- fixtures ----------------------------------------------------------------------------
+    @pytest.fixture
+    def conformance_registry(self) -> Registry:
+        if not self.plugin_name:
+            pytest.fail(f"{type(self).__name__} must set plugin_name = '<registered name>'")
+        if self.plugin_module is None:
+            return discover()
+        from polyrl import builtins
+
+        registry = Registry()
+        registry.add_plugin(builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, "0"))
+        registry.add_plugin(self.plugin_module, Provenance("in-process", "in-process", "0"))
+        return registry
+
+    @pytest.fixture
+    def registration(self, conformance_registry: Registry) -> Registration:
+        return conformance_registry.get(self.kind, self.plugin_name)
+
+    @pytest.fixture
+    def implementation(self, registration: Registration) -> Any:
+        return registration.load()
+
+    # ---- tests -------------------------------------------------------------------------------
+    def test_registered_with_its_spec_type(self, registration: Registration) -> None:
+        assert isinstance(registration.spec, SPEC_TYPES[self.kind]), (
+            f"{self.plugin_name!r} must be registered with {SPEC_TYPES[self.kind].__name__}"
+        )
+        assert registration.name == self.plugin_name
+
+    def test_description_is_one_nonempty_line(self, registration: Registration) -> None:
+        description = registration.spec.description
+        assert isinstance(description, str) and description.strip(), "give a description"
+        assert "\n" not in description.strip(), "the description is shown in a table: one line"
+
+    def test_plugin_module_not_broken(
+        self, conformance_registry: Registry, registration: Registration
+    ) -> None:
+        broken = [
+            b
+            for b in conformance_registry.broken
+            if (b.distribution, b.plugin)
+            == (registration.provenance.distribution, registration.provenance.plugin)
+        ]
+        assert not broken, f"the plugin module failed partly: {broken[0].traceback}"
+
+    def test_capability_flags_are_json(self, registration: Registration) -> None:
+        flags = registration.spec.capability_flags()
+        assert isinstance(flags, dict)
+        json.dumps(flags)
+
+    def test_config_class_is_a_dataclass_with_defaults(self, registration: Registration) -> None:
+        config_class = getattr(registration.spec, "config_class", None)
+        if config_class is None:
+            return
+        cls = resolve_object(config_class)
+        assert is_dataclass(cls), f"config_class {config_class!r} must be a dataclass"
+        cls()  # every field needs a default: the plugin's section may be absent
+
+    def test_entry_point_module_is_light(self, registration: Registration) -> None:
+        """Listing plugins imports the entry-point module: it must not pull in torch & co."""
+        module = _entry_point_module(registration.provenance)
+        if module is None:
+            pytest.skip("not installed through an entry point (plugin_module is in-process)")
+        code = (
+            "import importlib, json, sys\n"
+            f"importlib.import_module({module!r})\n"
+            f"print(json.dumps([m for m in {list(HEAVY_MODULES)!r} if m in sys.modules]))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        heavy = json.loads(done.stdout.strip().splitlines()[-1])
+        assert heavy == [], (
+            f"importing {module} imports {heavy}; name implementations by import string "
+            f"('pkg.module:Class') or import inside the hookimpl"
+        )
+
+
+# ---- advantage estimators ----------------------------------------------------------------------
+class AdvantageEstimatorConformance(_PluginConformance):
+    """``(advantages, returns) = fn(token_level_rewards=, response_mask=, index=, config=,
+    values=)``.
+
+    Override ``config_overrides`` to set ``algorithm.*`` knobs (e.g. ``{"gamma": 0.99}``).
+    Set ``zero_for_equal_group_rewards = False`` if, unlike GRPO/RLOO, your group estimator gives
+    non-zero advantages when all samples of a prompt score the same.
+    """
+
+    kind = PluginKind.ADVANTAGE_ESTIMATOR
+    num_groups: ClassVar[int] = 3
+    group_size: ClassVar[int] = 4
+    response_length: ClassVar[int] = 7
+    config_overrides: ClassVar[dict[str, Any]] = {}
+    zero_for_equal_group_rewards: ClassVar[bool] = True
+    check_permutation: ClassVar[bool] = True
+
+    def estimator_config(self) -> Any:
+        from omegaconf import OmegaConf
+
+        from polyrl.config.schema import AlgorithmConfig
+
+        config = OmegaConf.structured(AlgorithmConfig)
+        return OmegaConf.merge(config, self.config_overrides)
+
+    def make_inputs(self, registration: Registration, seed: int = 0) -> dict[str, Any]:
+        """Outcome rewards on the last real token of ragged responses, grouped by prompt."""
+        import numpy as np
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        rows, length = self.num_groups * self.group_size, self.response_length
+        lengths = torch.randint(1, length + 1, (rows,), generator=gen)
+        lengths[0], lengths[-1] = length, 1  # a full row and a one-token row
+        mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).float()
+        rewards = torch.zeros(rows, length)
+        scores = torch.randn(rows, generator=gen)
+        rewards[torch.arange(rows), lengths - 1] = scores
+        index = np.array([f"prompt-{i // self.group_size}" for i in range(rows)], dtype=object)
+        inputs: dict[str, Any] = {
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "index": index,
+            "config": self.estimator_config(),
+        }
+        if registration.spec.requires_critic:
+            inputs["values"] = torch.randn(rows, length, generator=gen) * mask
+        return inputs
+
+    def run(self, implementation: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        return implementation(**inputs)
+
+    def test_is_callable(self, implementation: Any) -> None:
+        assert callable(implementation)
+
+    def test_outputs_shape_dtype_finite(
+        self, implementation: Any, registration: Registration
+    ) -> None:
+        import torch
+
+        inputs = self.make_inputs(registration)
+        advantages, returns = self.run(implementation, inputs)
+        shape = inputs["response_mask"].shape
+        for name, out in (("advantages", advantages), ("returns", returns)):
+            assert isinstance(out, torch.Tensor), f"{name} must be a tensor"
+            assert out.shape == shape, f"{name} has shape {tuple(out.shape)}, want {tuple(shape)}"
+            assert out.dtype.is_floating_point, f"{name} must be floating point"
+            assert torch.isfinite(out).all(), f"{name} has non-finite values"
+
+    def test_zero_outside_response_mask(
+        self, implementation: Any, registration: Registration
+    ) -> None:
+        inputs = self.make_inputs(registration)
+        advantages, returns = self.run(implementation, inputs)
+        outside = inputs["response_mask"] == 0
+        assert (advantages[outside] == 0).all(), "advantages must be 0 on padding"
+        assert (returns[outside] == 0).all(), "returns must be 0 on padding"
+
+    def test_inputs_not_modified(self, implementation: Any, registration: Registration) -> None:
+        inputs = self.make_inputs(registration)
+        before = {k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")}
+        self.run(implementation, inputs)
+        for key, value in before.items():
+            assert (inputs[key] == value).all(), f"the estimator modified {key} in place"
+
+    def test_rows_permute_with_their_group_ids(
+        self, implementation: Any, registration: Registration
+    ) -> None:
+        """Shuffling rows (with their group ids) shuffles the outputs the same way."""
+        import torch
+
+        if not self.check_permutation:
+            pytest.skip("check_permutation = False")
+        inputs = self.make_inputs(registration)
+        advantages, returns = self.run(implementation, inputs)
+        rows = inputs["response_mask"].shape[0]
+        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
+        shuffled = dict(inputs)
+        for key in ("token_level_rewards", "response_mask", "values"):
+            if key in inputs:
+                shuffled[key] = inputs[key][perm]
+        shuffled["index"] = inputs["index"][perm.numpy()]
+        adv2, ret2 = self.run(implementation, shuffled)
+        torch.testing.assert_close(adv2, advantages[perm], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ret2, returns[perm], atol=1e-5, rtol=1e-4)
+
+    def test_equal_rewards_in_every_group_give_zero_advantage(
+        self, implementation: Any, registration: Registration
+    ) -> None:
+        if not (registration.spec.requires_groups and self.zero_for_equal_group_rewards):
+            pytest.skip("only for group-relative estimators")
+        import torch
+
+        inputs = self.make_inputs(registration)
+        mask = inputs["response_mask"]
+        last = mask.sum(-1).long() - 1
+        rewards = torch.zeros_like(mask)
+        group_score = torch.tensor([float(i // self.group_size) for i in range(mask.shape[0])])
+        rewards[torch.arange(mask.shape[0]), last] = group_score
+        inputs["token_level_rewards"] = rewards
+        advantages, _ = self.run(implementation, inputs)
+        torch.testing.assert_close(advantages, torch.zeros_like(advantages), atol=1e-5, rtol=0)
+
+
+# ---- policy losses -----------------------------------------------------------------------------
+class PolicyLossConformance(_PluginConformance):
+    """``(loss[B, T], metrics) = fn(old_log_prob=, log_prob=, advantages=, response_mask=,
+    config=)``.
+
+    ``config_overrides`` sets ``actor_rollout_ref.actor.*`` knobs. ``check_gradient_sign``: at the
+    on-policy point a loss to be *minimised* must push log-probs up where the advantage is positive.
+    """
+
+    kind = PluginKind.POLICY_LOSS
+    batch_size: ClassVar[int] = 4
+    response_length: ClassVar[int] = 6
+    config_overrides: ClassVar[dict[str, Any]] = {}
+    check_gradient_sign: ClassVar[bool] = True
+
+    def loss_config(self) -> Any:
+        from omegaconf import OmegaConf
+
+        from polyrl.config.schema import ActorConfig
+
+        return OmegaConf.merge(OmegaConf.structured(ActorConfig), self.config_overrides)
+
+    def make_inputs(self, seed: int = 0, on_policy: bool = False) -> dict[str, Any]:
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        rows, length = self.batch_size, self.response_length
+        lengths = torch.randint(1, length + 1, (rows,), generator=gen)
+        lengths[0] = length
+        mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).float()
+        old = -torch.rand(rows, length, generator=gen) * 3 * mask
+        drift = 0.0 if on_policy else 0.1
+        new = (old + drift * torch.randn(rows, length, generator=gen) * mask).requires_grad_(True)
+        advantages = torch.randn(rows, 1, generator=gen).expand(rows, length) * mask
+        return {
+            "old_log_prob": old,
+            "log_prob": new,
+            "advantages": advantages.contiguous(),
+            "response_mask": mask,
+            "config": self.loss_config(),
+        }
+
+    def test_is_callable(self, implementation: Any) -> None:
+        assert callable(implementation)
+
+    def test_returns_token_matrix_and_metrics(self, implementation: Any) -> None:
+        import torch
+
+        inputs = self.make_inputs()
+        loss, metrics = implementation(**inputs)
+        assert isinstance(loss, torch.Tensor)
+        assert loss.shape == inputs["response_mask"].shape, (
+            f"the loss must be per token [B, T], got {tuple(loss.shape)}"
+        )
+        assert torch.isfinite(loss[inputs["response_mask"] > 0]).all()
+        assert isinstance(metrics, dict)
+        for name, value in metrics.items():
+            assert isinstance(name, str)
+            assert math.isfinite(_scalar(value)), f"metric {name} is not a finite scalar"
+
+    def test_has_gradient_wrt_log_prob(self, implementation: Any) -> None:
+        import torch
+
+        inputs = self.make_inputs()
+        loss, _ = implementation(**inputs)
+        mask = inputs["response_mask"]
+        (loss * mask).sum().backward()
+        grad = inputs["log_prob"].grad
+        assert grad is not None, "the loss does not depend on log_prob"
+        assert torch.isfinite(grad).all()
+        assert (grad[mask > 0] != 0).any(), "the gradient w.r.t. log_prob is zero everywhere"
+        assert (grad[mask == 0] == 0).all()
+
+    def test_on_policy_gradient_follows_the_advantage(self, implementation: Any) -> None:
+        import torch
+
+        if not self.check_gradient_sign:
+            pytest.skip("check_gradient_sign = False")
+        inputs = self.make_inputs(on_policy=True)
+        loss, _ = implementation(**inputs)
+        mask = inputs["response_mask"]
+        (loss * mask).sum().backward()
+        grad, adv = inputs["log_prob"].grad, inputs["advantages"]
+        product = (grad * adv)[mask > 0]
+        assert (product <= 1e-6).all(), "minimising the loss must raise log-probs where A > 0"
+        assert product.sum() < 0
+        assert torch.isfinite(grad).all()
+
+    def test_inputs_not_modified(self, implementation: Any) -> None:
+        inputs = self.make_inputs()
+        before = {k: v.detach().clone() for k, v in inputs.items() if hasattr(v, "detach")}
+        implementation(**inputs)
+        for key, value in before.items():
+            assert (inputs[key].detach() == value).all(), f"the loss modified {key} in place"
+
+
+# ---- reward providers --------------------------------------------------------------------------
+class RewardProviderConformance(_PluginConformance):
+    """A :class:`polyrl.interfaces.RewardProvider`: one :class:`RewardResult` per sample, in order.
+
+    Override ``make_samples`` with samples your provider scores (``data_source`` etc.) and
+    ``expected_scores`` with the scores you derived by hand for them.
+    """
+
+    kind = PluginKind.REWARD_PROVIDER
+    reward_model_overrides: ClassVar[dict[str, Any]] = {}
+
+    def make_context(self) -> Any:
+        from omegaconf import OmegaConf
+
+        from polyrl.config.schema import CustomRewardFunctionConfig, RewardModelConfig
+        from polyrl.interfaces import RewardContext
+
+        return RewardContext(
+            reward_model=OmegaConf.merge(
+                OmegaConf.structured(RewardModelConfig), self.reward_model_overrides
+            ),
+            custom_reward_function=OmegaConf.structured(CustomRewardFunctionConfig),
+            seed=0,
+        )
+
+    def make_samples(self) -> list[Any]:
+        from polyrl.interfaces import RewardSample
+
+        answers = ["The answer is 4.", "#### 4", "I think it is 5", ""]
+        return [
+            RewardSample(index=i, data_source="conformance", solution_str=a, ground_truth="4")
+            for i, a in enumerate(answers)
+        ]
+
+    def expected_scores(self) -> list[float] | None:
+        """Scores of ``make_samples()`` derived by hand; None skips the value check."""
+        return None
+
+    @pytest.fixture
+    def provider(self, implementation: Any) -> Any:
+        instance = implementation(self.make_context())
+        yield instance
+        instance.close()
+
+    def test_is_reward_provider(self, implementation: Any) -> None:
+        from polyrl.interfaces import RewardProvider
+
+        assert isinstance(implementation, type) and issubclass(implementation, RewardProvider)
+
+    def test_one_finite_result_per_sample(self, provider: Any) -> None:
+        from polyrl.interfaces import RewardResult
+
+        samples = self.make_samples()
+        results = provider.score(samples)
+        assert len(results) == len(samples)
+        for result in results:
+            assert isinstance(result, RewardResult)
+            assert isinstance(result.score, (int, float)) and math.isfinite(result.score)
+            for name, value in result.extra.items():
+                assert isinstance(name, str) and math.isfinite(float(value))
+
+    def test_empty_batch(self, provider: Any) -> None:
+        assert provider.score([]) == []
+
+    def test_expected_scores(self, provider: Any) -> None:
+        expected = self.expected_scores()
+        if expected is None:
+            pytest.skip("expected_scores() not given")
+        scores = [r.score for r in provider.score(self.make_samples())]
+        assert scores == pytest.approx(expected, abs=1e-6)
+
+
+# ---- loggers -----------------------------------------------------------------------------------
+class LoggerConformance(_PluginConformance):
+    """A :class:`polyrl.interfaces.MetricsLogger`: accepts steps of scalar metrics and finishes.
+
+    Override ``check_logged(tmp_path, logged)`` to assert what your logger wrote.
+    """
+
+    kind = PluginKind.LOGGER
+
+    def make_context(self, tmp_path: Any) -> Any:
+        from polyrl.interfaces import LoggerContext
+
+        return LoggerContext(
+            project_name="conformance",
+            experiment_name="test",
+            log_dir=str(tmp_path),
+            total_steps=2,
+            config={"trainer": {"project_name": "conformance"}},
+        )
+
+    def check_logged(self, tmp_path: Any, logged: list[tuple[int, dict[str, float]]]) -> None:
+        """Assert what the logger wrote for ``logged`` (``(step, metrics)`` pairs)."""
+
+    def test_is_metrics_logger(self, implementation: Any) -> None:
+        from polyrl.interfaces import MetricsLogger
+
+        assert isinstance(implementation, type) and issubclass(implementation, MetricsLogger)
+
+    def test_logs_steps_and_finishes(self, implementation: Any, tmp_path: Any) -> None:
+        logger = implementation(self.make_context(tmp_path))
+        logged = [
+            (1, {"train/loss": 0.5, "train/reward": 1.0, "timing/step_s": 2.0}),
+            (2, {"train/loss": 0.25, "train/reward": 2.0, "timing/step_s": 1.5}),
+        ]
+        for step, metrics in logged:
+            logger.log(dict(metrics), step)
+        logger.finish()
+        self.check_logged(tmp_path, logged)
+
+
+# ---- engines -----------------------------------------------------------------------------------
+def _token_batch(vocab_size: int, rows: int, length: int, seed: int, pad_left: bool) -> Any:
+    """Random token ids ``[rows, length]`` and a mask with row 1 padded on one side."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (rows, length), generator=gen)
+    mask = torch.ones(rows, length, dtype=torch.long)
+    if rows > 1 and length > 2:
+        if pad_left:
+            mask[1, :1] = 0
+        else:
+            mask[1, length // 2 :] = 0
+    return ids * mask, mask
+
+
+class TrainingEngineConformance(_PluginConformance):
+    """A :class:`polyrl.interfaces.TrainingEngine` on a tiny model the subclass provides.
+
+    Subclasses implement ``make_engine(self, tmp_path)`` (one rank; initialise
+    ``torch.distributed`` there if the engine needs it) and set ``vocab_size``.
+    """
+
+    kind = PluginKind.TRAINING_ENGINE
+    vocab_size: ClassVar[int] = 0
+    prompt_length: ClassVar[int] = 4
+    response_length: ClassVar[int] = 4
+    batch_rows: ClassVar[int] = 2
+
+    def make_engine(self, tmp_path: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} must define make_engine(self, tmp_path)")
+
+    def make_batch(self) -> Any:
+        """Left-padded prompts followed by right-padded responses (the engine batch layout)."""
+        import torch
+
+        from polyrl.batch import Batch
+
+        prompt, prompt_mask = _token_batch(
+            self.vocab_size, self.batch_rows, self.prompt_length, 0, pad_left=True
+        )
+        response, response_mask = _token_batch(
+            self.vocab_size, self.batch_rows, self.response_length, 1, pad_left=False
+        )
+        attention = torch.cat([prompt_mask, response_mask], dim=1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return Batch(
+            tensors={
+                "input_ids": torch.cat([prompt, response], dim=1),
+                "attention_mask": attention,
+                "position_ids": positions,
+                "responses": response,
+                "response_mask": response_mask,
+            }
+        )
+
+    @pytest.fixture
+    def engine(self, tmp_path: Any) -> Any:
+        if not self.vocab_size:
+            pytest.fail(f"{type(self).__name__} must set vocab_size")
+        return self.make_engine(tmp_path)
+
+    @staticmethod
+    def nll_loss_fn(batch: Any) -> Any:
+        """A loss that raises the log-likelihood of ``batch``'s responses, scaled per mini-batch."""
+        total = batch["response_mask"].sum().clamp(min=1)
+
+        def loss_fn(micro_batch: Any, log_prob: Any, entropy: Any) -> Any:
+            mask = micro_batch["response_mask"].to(log_prob.dtype)
+            loss = -(log_prob * mask).sum() / total.to(log_prob.device)
+            return loss, {"nll": float(loss.detach())}
+
+        return loss_fn
+
+    def test_implementation_is_training_engine(self, implementation: Any) -> None:
+        from polyrl.interfaces import TrainingEngine
+
+        assert isinstance(implementation, type) and issubclass(implementation, TrainingEngine)
+
+    def test_compute_log_prob(self, engine: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        mask = batch["response_mask"] > 0
+        log_prob, entropy = engine.compute_log_prob(batch, calculate_entropy=True)
+        shape = batch["responses"].shape
+        assert log_prob.shape == shape and entropy is not None and entropy.shape == shape
+        assert torch.isfinite(log_prob[mask]).all() and (log_prob[mask] <= 1e-4).all()
+        assert torch.isfinite(entropy[mask]).all() and (entropy[mask] >= -1e-4).all()
+        again, _ = engine.compute_log_prob(batch)
+        torch.testing.assert_close(again.float(), log_prob.float())
+
+    def test_train_step_raises_likelihood(self, engine: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        mask = batch["response_mask"] > 0
+        before, _ = engine.compute_log_prob(batch)
+        metrics = engine.train_step(batch, self.nll_loss_fn(batch))
+        for key in ("grad_norm", "lr"):
+            assert key in metrics and math.isfinite(_scalar(metrics[key])), key
+        after, _ = engine.compute_log_prob(batch)
+        assert not torch.equal(before, after), "train_step did not change the weights"
+        assert after[mask].float().mean() > before[mask].float().mean()
+
+    def test_named_weights(self, engine: Any) -> None:
+        import torch
+
+        weights = list(engine.named_weights())
+        assert weights, "named_weights() yielded nothing"
+        names = [name for name, _ in weights]
+        assert len(set(names)) == len(names), "weight names must be unique"
+        for name, tensor in weights:
+            assert isinstance(name, str) and isinstance(tensor, torch.Tensor)
+            assert torch.isfinite(tensor.float()).all(), name
+
+    def test_checkpoint_round_trip(self, engine: Any, tmp_path: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        saved, _ = engine.compute_log_prob(batch)
+        engine.save_checkpoint(str(tmp_path / "ckpt"))
+        engine.train_step(batch, self.nll_loss_fn(batch))
+        engine.load_checkpoint(str(tmp_path / "ckpt"))
+        restored, _ = engine.compute_log_prob(batch)
+        torch.testing.assert_close(restored.float(), saved.float(), atol=1e-5, rtol=1e-5)
+
+    def test_export_hf(self, engine: Any, tmp_path: Any) -> None:
+        target = tmp_path / "hf"
+        engine.export_hf(str(target))
+        assert (target / "config.json").is_file(), "export_hf must write a Hugging Face folder"
+
+
+class RolloutEngineConformance(_PluginConformance):
+    """A :class:`polyrl.interfaces.RolloutEngine` on a tiny model the subclass provides.
+
+    Subclasses implement ``make_engine(self, tmp_path)`` and set ``vocab_size``.
+    """
+
+    kind = PluginKind.ROLLOUT_ENGINE
+    vocab_size: ClassVar[int] = 0
+    prompt_length: ClassVar[int] = 4
+    prompt_rows: ClassVar[int] = 2
+    max_new_tokens: ClassVar[int] = 4
+
+    def make_engine(self, tmp_path: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} must define make_engine(self, tmp_path)")
+
+    def make_prompts(self) -> Any:
+        from polyrl.batch import Batch
+
+        ids, mask = _token_batch(
+            self.vocab_size, self.prompt_rows, self.prompt_length, 0, pad_left=True
+        )
+        return Batch(tensors={"input_ids": ids, "attention_mask": mask})
+
+    @pytest.fixture
+    def engine(self, tmp_path: Any) -> Any:
+        if not self.vocab_size:
+            pytest.fail(f"{type(self).__name__} must set vocab_size")
+        instance = self.make_engine(tmp_path)
+        yield instance
+        instance.close()
+
+    def test_implementation_is_rollout_engine(self, implementation: Any) -> None:
+        from polyrl.interfaces import RolloutEngine
+
+        assert isinstance(implementation, type) and issubclass(implementation, RolloutEngine)
+
+    def test_generate_contract(self, engine: Any) -> None:
+        import torch
+
+        from polyrl.interfaces import SamplingParams
+
+        n, new = 2, self.max_new_tokens
+        out = engine.generate(self.make_prompts(), SamplingParams(n=n, max_new_tokens=new, seed=0))
+        rows = self.prompt_rows * n
+        assert len(out) == rows, f"{rows} responses expected (prompts x n), got {len(out)}"
+        responses, mask = out["responses"], out["response_mask"]
+        log_probs = out["rollout_log_probs"]
+        assert responses.shape == (rows, new) and mask.shape == (rows, new)
+        assert log_probs.shape == (rows, new)
+        assert not responses.dtype.is_floating_point
+        assert set(mask.unique().tolist()) <= {0, 1}
+        assert (mask[:, 1:] <= mask[:, :-1]).all(), "response_mask must be 1s then 0s"
+        real = mask > 0
+        assert torch.isfinite(log_probs[real]).all() and (log_probs[real] <= 1e-4).all()
+        assert (log_probs[~real] == 0).all(), "rollout_log_probs must be 0 on padding"
+        pad = engine.ctx.pad_token_id
+        assert (responses[~real] == pad).all(), "padding must use the pad token"
+
+    def test_greedy_is_deterministic(self, engine: Any) -> None:
+        import torch
+
+        from polyrl.interfaces import SamplingParams
+
+        params = SamplingParams(n=1, max_new_tokens=self.max_new_tokens, greedy=True)
+        first = engine.generate(self.make_prompts(), params)["responses"]
+        second = engine.generate(self.make_prompts(), params)["responses"]
+        assert torch.equal(first, second)
+
+    def test_generates_after_sleep_and_wake_up(self, engine: Any) -> None:
+        from polyrl.interfaces import SamplingParams
+
+        engine.sleep()
+        engine.wake_up()
+        out = engine.generate(
+            self.make_prompts(),
+            SamplingParams(n=1, max_new_tokens=self.max_new_tokens, greedy=True),
+        )
+        assert len(out) == self.prompt_rows
