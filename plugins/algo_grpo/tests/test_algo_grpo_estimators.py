@@ -1,0 +1,153 @@
+"""GRPO, Dr.GRPO and RLOO advantages against values worked out by hand."""
+
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from polyrl.config.schema import AlgorithmConfig
+from polyrl_algo_grpo.advantages import drgrpo_advantage, grpo_advantage, rloo_advantage
+
+torch.set_num_threads(1)
+
+# Four groups, interleaved on purpose (rows of a group need not be contiguous):
+#   "a": scores [1, 0, 0, 1]   "b": scores [2, 0, 1]   "c": a singleton [5]   "d": [1, 1]
+INDEX = np.array(["a", "b", "a", "c", "b", "a", "d", "b", "a", "d"], dtype=object)
+SCORES = [1.0, 2.0, 0.0, 5.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+LENGTHS = [3, 1, 2, 3, 2, 1, 3, 3, 2, 1]
+WIDTH = 3
+
+
+def _batch():
+    """The outcome reward sits on each response's last token; padding holds junk (7.0)."""
+    rewards = torch.full((len(SCORES), WIDTH), 7.0)
+    mask = torch.zeros(len(SCORES), WIDTH)
+    for row, (score, length) in enumerate(zip(SCORES, LENGTHS)):
+        mask[row, :length] = 1
+        rewards[row, :length] = 0.0
+        rewards[row, length - 1] = score
+    return rewards, mask
+
+
+def _per_row(adv, mask):
+    """The advantage of each row (the same on its tokens), checking it is constant and masked."""
+    assert torch.all(adv[mask == 0] == 0), "advantages must be zero on padding"
+    firsts = adv[:, 0]
+    torch.testing.assert_close(adv, firsts.unsqueeze(-1) * mask)
+    return firsts.tolist()
+
+
+def _run(fn, config):
+    rewards, mask = _batch()
+    adv, returns = fn(token_level_rewards=rewards, response_mask=mask, index=INDEX, config=config)
+    torch.testing.assert_close(adv, returns)
+    assert adv.shape == rewards.shape and adv.dtype == rewards.dtype
+    return _per_row(adv, mask)
+
+
+def test_grpo_normalised_by_group_std():
+    # "a": mean 0.5; unbiased var = (4 * 0.25) / 3 = 1/3, std 0.5773503
+    #      -> +-0.5 / (0.5773503 + 1e-6) = +-0.8660239
+    # "b": mean 1; var = (1 + 1 + 0) / 2 = 1, std 1 -> [1, -1, 0] / (1 + 1e-6)
+    # "c": singleton -> 0 ; "d": equal scores, std 0 -> 0 / 1e-6 = 0
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    assert a == pytest.approx(0.8660239, rel=1e-6)
+    b = 1 / (1 + 1e-6)
+    expected = [a, b, -a, 0.0, -b, -a, 0.0, 0.0, a, 0.0]
+    got = _run(grpo_advantage, SimpleNamespace(norm_adv_by_std_in_grpo=True))
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-7)
+
+
+def test_grpo_default_config_normalises_by_std():
+    got = _run(grpo_advantage, OmegaConf.structured(AlgorithmConfig))
+    assert got[0] == pytest.approx(0.8660239, rel=1e-6)
+
+
+def test_grpo_without_std():
+    cfg = OmegaConf.structured(AlgorithmConfig)
+    cfg.norm_adv_by_std_in_grpo = False
+    # score - group mean: "a" +-0.5, "b" [1, -1, 0]
+    expected = [0.5, 1.0, -0.5, 0.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
+    assert _run(grpo_advantage, cfg) == pytest.approx(expected, abs=1e-7)
+
+
+def test_drgrpo_never_divides_by_std():
+    # the config knob is ignored: Dr.GRPO is defined without the std
+    expected = [0.5, 1.0, -0.5, 0.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
+    got = _run(drgrpo_advantage, SimpleNamespace(norm_adv_by_std_in_grpo=True))
+    assert got == pytest.approx(expected, abs=1e-7)
+
+
+def test_rloo_leave_one_out():
+    # "a" [1,0,0,1]: 1 - (0+0+1)/3 = 2/3 ; 0 - (1+0+1)/3 = -2/3
+    # "b" [2,0,1]:   2 - (0+1)/2 = 1.5 ; 0 - (2+1)/2 = -1.5 ; 1 - (2+0)/2 = 0
+    # (= n/(n-1) * (s - mean): 4/3 * 0.5 = 2/3, 3/2 * 1 = 1.5)
+    t = 2 / 3
+    expected = [t, 1.5, -t, 0.0, -1.5, -t, 0.0, 0.0, t, 0.0]
+    assert _run(rloo_advantage, None) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("fn", [grpo_advantage, drgrpo_advantage, rloo_advantage])
+def test_better_response_gets_positive_advantage(fn):
+    # reward spread over tokens: row sums are 1.0 (0.5 + 0.5) and 0.0
+    rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, _ = fn(
+        token_level_rewards=rewards, response_mask=mask, index=np.array([0, 0]), config=None
+    )
+    assert torch.all(adv[0] > 0) and torch.all(adv[1, :2] < 0) and adv[1, 2] == 0
+    assert adv.requires_grad is False
+
+
+def test_index_must_match_rows():
+    rewards, mask = _batch()
+    with pytest.raises(ValueError, match="one id per response"):
+        grpo_advantage(
+            token_level_rewards=rewards, response_mask=mask, index=INDEX[:3], config=None
+        )
+
+
+def test_shape_mismatch_is_a_clear_error():
+    rewards, mask = _batch()
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        rloo_advantage(
+            token_level_rewards=rewards, response_mask=mask[:, :2], index=INDEX, config=None
+        )
+
+
+def test_entry_point_module_is_light():
+    code = (
+        "import sys, polyrl_algo_grpo.plugin as p; "
+        "specs = list(p.polyrl_advantage_estimators()) + list(p.polyrl_policy_losses()); "
+        "assert 'torch' not in sys.modules, 'plugin.py imported torch'; print(len(specs))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "5"
+
+
+def test_registered_through_the_entry_point(monkeypatch):
+    from polyrl.registry import discover
+    from polyrl.specs import PluginKind
+
+    monkeypatch.setenv("POLYRL_PLUGINS", "polyrl-algo-grpo")
+    registry = discover()
+    for name, fn in (
+        ("grpo", grpo_advantage),
+        ("drgrpo", drgrpo_advantage),
+        ("dr_grpo", drgrpo_advantage),
+        ("rloo", rloo_advantage),
+    ):
+        reg = registry.get(PluginKind.ADVANTAGE_ESTIMATOR, name)
+        assert reg.provenance.distribution == "polyrl-algo-grpo"
+        assert reg.spec.requires_groups and not reg.spec.requires_critic
+        assert reg.load() is fn
+    assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "drgrpo").spec.default_loss_agg_mode == (
+        "seq-mean-token-sum-norm"
+    )
+    assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "grpo").spec.default_loss_agg_mode is None
+    assert registry.get(PluginKind.POLICY_LOSS, "gspo").load().__name__ == "gspo_policy_loss"
