@@ -1,0 +1,266 @@
+"""The ``hf`` rollout engine: sampling with a plain transformers model and a KV cache.
+
+Why our own loop rather than ``model.generate``: generate merges the model's saved
+generation_config (which may carry top_k=50, repetition penalties ...) into every call and its
+processed scores are not the log-probs the trainer computes. A short loop over the model's
+forward with a ``DynamicCache`` gives full control over the distribution, records the exact
+sampling log-probs (see :mod:`polyrl_rollout_hf.sampling`), stops as soon as every row has
+stopped, and costs the same per token.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from polyrl.batch import Batch
+from polyrl.errors import ConfigError
+from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
+from polyrl_rollout_hf.sampling import pick_tokens
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+_SEED_STRIDE = 1_000_003  # separates the default sampling streams of different ranks
+
+
+def _config_value(config: Any, key: str, default: Any) -> Any:
+    """Read ``key`` from the rollout config node (OmegaConf, dict, dataclass or None)."""
+    if config is None:
+        return default
+    if isinstance(config, Mapping):
+        value = config.get(key, default)
+    else:
+        value = getattr(config, key, default)
+    return default if value is None else value
+
+
+def torch_dtype(name: Any) -> torch.dtype:
+    """``actor_rollout_ref.rollout.dtype`` as a torch dtype, with a clear error for a typo."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.dtype={name!r} is not a dtype the hf rollout knows; "
+            f"use one of {sorted(set(_DTYPES))}"
+        )
+    return _DTYPES[key]
+
+
+class HFRolloutEngine(RolloutEngine):
+    """One rank's transformers model in eval mode, sampling ``n`` responses per prompt.
+
+    Config keys read from ``actor_rollout_ref.rollout``: ``dtype`` (bfloat16 by default; float32
+    for exact tests) and ``micro_batch_size`` (rows, i.e. prompts x n, per forward batch).
+    """
+
+    def __init__(self, ctx: RolloutContext) -> None:
+        super().__init__(ctx)
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(ctx.device)
+        self.dtype = torch_dtype(_config_value(ctx.config, "dtype", "bfloat16"))
+        self.micro_batch_size = int(_config_value(ctx.config, "micro_batch_size", 64))
+        if self.micro_batch_size < 1:
+            raise ConfigError(
+                f"actor_rollout_ref.rollout.micro_batch_size={self.micro_batch_size}: "
+                "must be at least 1 (rows per generation batch)"
+            )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(ctx.model_path, dtype=self.dtype)
+        except OSError as err:
+            raise ConfigError(
+                f"the hf rollout could not load a model from {ctx.model_path!r}: {err}"
+            ) from err
+        self.model = model.to(self.device).eval()
+        self.model.requires_grad_(False)
+        self._accepts_logits_to_keep = (
+            "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        )
+        eos = list(ctx.eos_token_ids)
+        if not eos:  # fall back to the model's own end-of-sequence ids
+            config_eos = self.model.generation_config.eos_token_id
+            if config_eos is None:
+                config_eos = self.model.config.eos_token_id
+            eos = [config_eos] if isinstance(config_eos, int) else list(config_eos or [])
+        self.eos_token_ids = [int(t) for t in eos]
+        self._generator = self._new_generator(ctx.seed + _SEED_STRIDE * ctx.rank)
+
+    # ---- generation ---------------------------------------------------------------------------
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        _check_params(params)
+        input_ids = prompts["input_ids"]
+        if "attention_mask" in prompts:
+            prompt_mask = prompts["attention_mask"]
+        else:
+            prompt_mask = (input_ids != self.ctx.pad_token_id).long()
+        if input_ids.dim() != 2 or prompt_mask.shape != input_ids.shape:
+            raise ValueError(
+                "prompts need input_ids and attention_mask of one shape [batch, prompt_len]; got "
+                f"{tuple(input_ids.shape)} and {tuple(prompt_mask.shape)}"
+            )
+        n = int(params.n)
+        rows_ids = input_ids.repeat_interleave(n, dim=0)
+        rows_mask = prompt_mask.repeat_interleave(n, dim=0)
+        stop_ids = sorted({*self.eos_token_ids, *(int(t) for t in params.stop_token_ids)})
+        generator = (
+            self._new_generator(int(params.seed)) if params.seed is not None else self._generator
+        )
+
+        responses, masks, log_probs = [], [], []
+        for start in range(0, rows_ids.shape[0], self.micro_batch_size):
+            stop = start + self.micro_batch_size
+            chunk = self._sample(
+                rows_ids[start:stop], rows_mask[start:stop], params, stop_ids, generator
+            )
+            responses.append(chunk[0])
+            masks.append(chunk[1])
+            log_probs.append(chunk[2])
+        responses_t = torch.cat(responses).cpu()
+        response_mask = torch.cat(masks).cpu().to(prompt_mask.dtype)
+        attention_mask = torch.cat([rows_mask.cpu(), response_mask], dim=1)
+        out = Batch(
+            {
+                "prompts": rows_ids.cpu(),
+                "responses": responses_t,
+                "response_mask": response_mask,
+                "rollout_log_probs": torch.cat(log_probs).cpu(),
+                "input_ids": torch.cat([rows_ids.cpu(), responses_t], dim=1),
+                "attention_mask": attention_mask,
+                "position_ids": (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0),
+            },
+            {key: value for key, value in prompts.repeat_interleave(n).non_tensors.items()},
+            dict(prompts.meta),
+        )
+        return out
+
+    @torch.inference_mode()
+    def _sample(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        params: SamplingParams,
+        stop_ids: list[int],
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Responses, response masks and log-probs ``[rows, max_new_tokens]`` for one chunk."""
+        from transformers import DynamicCache
+
+        rows, max_new = ids.shape[0], int(params.max_new_tokens)
+        pad = int(self.ctx.pad_token_id)
+        ids = ids.to(self.device)
+        mask = mask.to(self.device).long()
+        # Columns that are left padding in every row of this chunk cost compute and change nothing.
+        used = mask.any(dim=0).nonzero()
+        first = int(used[0]) if used.numel() else 0
+        ids, mask = ids[:, first:], mask[:, first:]
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        stops = torch.tensor(stop_ids, device=self.device, dtype=torch.long)
+
+        tokens = torch.full((rows, max_new), pad, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros((rows, max_new), dtype=torch.float32, device=self.device)
+        response_mask = torch.zeros((rows, max_new), dtype=torch.long, device=self.device)
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+
+        cache = DynamicCache(config=self.model.config)
+        extra = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+        next_position = positions[:, -1:] + 1
+        for step in range(max_new):
+            token, log_prob = pick_tokens(
+                out.logits[:, -1, :],
+                greedy=params.greedy,
+                temperature=float(params.temperature),
+                top_k=int(params.top_k),
+                top_p=float(params.top_p),
+                generator=generator,
+            )
+            live = ~done
+            tokens[:, step] = torch.where(live, token, pad)
+            log_probs[:, step] = torch.where(live, log_prob, 0.0)
+            response_mask[:, step] = live.long()
+            done = done | (live & torch.isin(token, stops))
+            if step == max_new - 1 or bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=mask.device)], 1)
+            out = self.model(
+                input_ids=tokens[:, step : step + 1],
+                attention_mask=mask,
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_position = next_position + 1
+        return tokens, response_mask, log_probs
+
+    def _new_generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(int(seed) % (2**63))
+
+    # ---- weights ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each ``(hf_name, tensor)`` into the model's parameter or buffer of that name.
+
+        Names are the model's ``state_dict`` keys (what ``save_pretrained`` writes). Tied weights
+        (``lm_head.weight`` and the input embedding) share storage, so either name updates both.
+        Tensors are cast to the engine's dtype and device; a DTensor is gathered first.
+        """
+        state = self.model.state_dict()
+        for name, tensor in named_tensors:
+            target = state.get(name)
+            if target is None:
+                valid = list(state)
+                raise ConfigError(
+                    f"weight sync: the rollout model has no tensor named {name!r}; it has "
+                    f"{len(valid)} tensors such as {valid[:4]}. The trainer must send Hugging Face "
+                    "state_dict names of the same architecture as actor_rollout_ref.model.path"
+                )
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ConfigError(
+                    f"weight sync: {name!r} has shape {tuple(tensor.shape)} from the trainer but "
+                    f"{tuple(target.shape)} in the rollout model; both must load the same model"
+                )
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def close(self) -> None:
+        """Drop the model (and the CUDA cache it used)."""
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _check_params(params: SamplingParams) -> None:
+    """Reject sampling parameters that would silently do something else."""
+    problems = []
+    if int(params.n) < 1:
+        problems.append(f"n={params.n} (must be >= 1)")
+    if int(params.max_new_tokens) < 1:
+        problems.append(f"max_new_tokens={params.max_new_tokens} (must be >= 1)")
+    if float(params.temperature) < 0:
+        problems.append(f"temperature={params.temperature} (must be >= 0; 0 means greedy)")
+    if not 0.0 < float(params.top_p) <= 1.0:
+        problems.append(f"top_p={params.top_p} (must be in (0, 1])")
+    if int(params.top_k) < -1:
+        problems.append(f"top_k={params.top_k} (use -1 or 0 for no top-k)")
+    if problems:
+        raise ConfigError("hf rollout: invalid sampling parameters: " + "; ".join(problems))
