@@ -1,0 +1,12 @@
+"""The built-in ``vanilla`` policy loss through polyrl's own conformance suite."""
+
+from polyrl.testing import PolicyLossConformance
+
+
+class TestVanillaPolicyLossConformance(PolicyLossConformance):
+    plugin_name = "vanilla"
+
+
+class TestVanillaClipHigherConformance(PolicyLossConformance):
+    plugin_name = "vanilla"
+    config_overrides = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}

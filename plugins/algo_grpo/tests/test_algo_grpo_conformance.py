@@ -1,0 +1,33 @@
+"""polyrl's conformance suites, run on every registration of polyrl-algo-grpo."""
+
+from polyrl.testing import AdvantageEstimatorConformance, PolicyLossConformance
+
+
+class TestGrpoConformance(AdvantageEstimatorConformance):
+    plugin_name = "grpo"
+
+
+class TestGrpoWithoutStdConformance(AdvantageEstimatorConformance):
+    plugin_name = "grpo"
+    config_overrides = {"norm_adv_by_std_in_grpo": False}
+
+
+class TestDrGrpoConformance(AdvantageEstimatorConformance):
+    plugin_name = "drgrpo"
+
+
+class TestDrGrpoAliasConformance(AdvantageEstimatorConformance):
+    plugin_name = "dr_grpo"
+
+
+class TestRlooConformance(AdvantageEstimatorConformance):
+    plugin_name = "rloo"
+
+
+class TestGspoConformance(PolicyLossConformance):
+    plugin_name = "gspo"
+
+
+class TestGspoPaperClipConformance(PolicyLossConformance):
+    plugin_name = "gspo"
+    config_overrides = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
