@@ -226,8 +226,9 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "grpo": "polyrl-algo-grpo",
         "drgrpo": "polyrl-algo-grpo",
         "dr_grpo": "polyrl-algo-grpo",
+        "rloo": "polyrl-algo-grpo",
     },
-    PluginKind.POLICY_LOSS: {},
+    PluginKind.POLICY_LOSS: {"gspo": "polyrl-algo-grpo"},
     PluginKind.REWARD_PROVIDER: {},
     PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
 }
