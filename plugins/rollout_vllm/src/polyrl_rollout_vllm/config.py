@@ -1,0 +1,180 @@
+"""Mapping of the ``actor_rollout_ref.rollout`` config node (verl's key names) to vLLM engine args.
+
+Kept apart from the engine so that it is testable without vLLM, and so that the mapping from verl's
+keys to vLLM's arguments is readable in one place:
+
+=============================================  ============================================
+``actor_rollout_ref.rollout.<key>``            ``vllm.LLM(...)`` argument
+=============================================  ============================================
+``dtype``                                      ``dtype``
+``seed``                                       ``seed``
+``gpu_memory_utilization``                     ``gpu_memory_utilization`` (CUDA only, see below)
+``tensor_model_parallel_size``                 ``tensor_parallel_size``
+``enforce_eager``                              ``enforce_eager``
+``max_num_batched_tokens``                     ``max_num_batched_tokens``
+``max_num_seqs``                               ``max_num_seqs``
+``enable_prefix_caching``                      ``enable_prefix_caching``
+``free_cache_engine``                          ``enable_sleep_mode`` (CUDA only)
+``data.max_prompt_length + max_response_len``  ``max_model_len``
+``engine_kwargs`` (flat, or verl's ``.vllm``)  passed through unchanged, overriding the above
+=============================================  ============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from polyrl_rollout_vllm.errors import VLLMRolloutConfigError
+
+# Log-probs of the sampled token after temperature and top-k/top-p: log_softmax(logits / T)
+# (renormalised over the kept tokens when top-k/top-p cut the vocabulary). vLLM's default,
+# "raw_logprobs", is log_softmax(logits) before temperature, which is not what the trainer
+# recomputes (it divides the logits by the rollout temperature).
+LOGPROBS_MODE = "processed_logprobs"
+
+# On CPU the KV cache is sized explicitly (vLLM otherwise reserves gpu_memory_utilization x the
+# machine's total RAM, which fails on a shared machine). Estimated from the config, within bounds.
+CPU_KV_CACHE_MIN_BYTES = 64 << 20
+CPU_KV_CACHE_MAX_BYTES = 2 << 30
+
+_DTYPES = {"bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float", "auto"}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def cfg_get(node: Any, key: str, default: Any = None) -> Any:
+    """``node[key]`` for a mapping or OmegaConf node, ``node.key`` for a dataclass; else
+    ``default`` (also when the value is None)."""
+    if node is None:
+        return default
+    if isinstance(node, Mapping) or hasattr(node, "keys"):
+        try:
+            value = node.get(key, default)
+        except Exception:  # noqa: BLE001 - OmegaConf raises on missing keys in struct mode
+            value = default
+        return default if value is None else value
+    value = getattr(node, key, default)
+    return default if value is None else value
+
+
+def to_plain(value: Any) -> Any:
+    """OmegaConf containers and mappings to plain dicts/lists (vLLM validates plain types)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        pass
+    if isinstance(value, Mapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
+    """``engine_kwargs`` as vLLM arguments. verl nests them per backend
+    (``engine_kwargs.vllm.<arg>``); a flat mapping is accepted too."""
+    raw = to_plain(cfg_get(config, "engine_kwargs", {})) or {}
+    if not isinstance(raw, dict):
+        raise VLLMRolloutConfigError(
+            f"actor_rollout_ref.rollout.engine_kwargs must be a mapping of vLLM engine "
+            f"arguments, got {type(raw).__name__}: {raw!r}"
+        )
+    if set(raw) & {"vllm", "sglang"}:
+        nested = raw.get("vllm") or {}
+        if not isinstance(nested, dict):
+            raise VLLMRolloutConfigError(
+                f"actor_rollout_ref.rollout.engine_kwargs.vllm must be a mapping, got {nested!r}"
+            )
+        return dict(nested)
+    return dict(raw)
+
+
+def kv_cache_bytes_estimate(
+    model_path: str, max_num_seqs: int, max_model_len: int, dtype: str
+) -> int:
+    """KV-cache bytes for ``max_num_seqs`` full-length sequences, clamped to
+    [CPU_KV_CACHE_MIN_BYTES, CPU_KV_CACHE_MAX_BYTES]. vLLM schedules fewer sequences at once when
+    the cache is smaller than this, so the clamp costs throughput, never correctness."""
+    import json
+    import os
+
+    with open(os.path.join(model_path, "config.json")) as fh:
+        hf = json.load(fh)
+    hf = hf.get("text_config", hf)
+    layers = int(hf.get("num_hidden_layers", 1))
+    heads = int(hf.get("num_attention_heads", 1))
+    kv_heads = int(hf.get("num_key_value_heads") or heads)
+    head_dim = int(hf.get("head_dim") or int(hf.get("hidden_size", 64)) // heads)
+    elem = 4 if dtype in ("float32", "float") else 2
+    per_token = 2 * layers * kv_heads * head_dim * elem
+    wanted = per_token * max_num_seqs * max_model_len
+    return int(min(max(wanted, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES))
+
+
+def build_engine_args(
+    config: Any,
+    *,
+    model_path: str,
+    device: str,
+    max_model_len: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` from the rollout config node (see the module table)."""
+    dtype = str(cfg_get(config, "dtype", "bfloat16")).lower()
+    if dtype not in _DTYPES:
+        raise VLLMRolloutConfigError(
+            f"actor_rollout_ref.rollout.dtype={dtype!r} is not a dtype vLLM knows; "
+            f"use one of bfloat16, float16, float32, auto"
+        )
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    tp = int(cfg_get(config, "tensor_model_parallel_size", 1))
+    if tp < 1:
+        raise VLLMRolloutConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size must be >= 1, got {tp}"
+        )
+    on_cuda = str(device).startswith("cuda")
+    max_num_seqs = int(cfg_get(config, "max_num_seqs", 256))
+    args: dict[str, Any] = {
+        "model": model_path,
+        "tokenizer": model_path,
+        "dtype": dtype,
+        "seed": int(cfg_get(config, "seed", seed)),
+        "tensor_parallel_size": tp,
+        "enforce_eager": bool(cfg_get(config, "enforce_eager", True)),
+        # vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill.
+        "max_num_batched_tokens": max(
+            int(cfg_get(config, "max_num_batched_tokens", 8192)), max_model_len
+        ),
+        "max_num_seqs": max_num_seqs,
+        "enable_prefix_caching": bool(cfg_get(config, "enable_prefix_caching", True)),
+        "max_model_len": int(max_model_len),
+        "logprobs_mode": LOGPROBS_MODE,
+        # Weights stream in from the trainer; a local folder only, never the hub.
+        "trust_remote_code": False,
+        "disable_log_stats": True,
+    }
+    if on_cuda:
+        args["gpu_memory_utilization"] = float(cfg_get(config, "gpu_memory_utilization", 0.5))
+        # Sleep mode needs vLLM's cumem allocator, which exists only on CUDA.
+        args["enable_sleep_mode"] = bool(cfg_get(config, "free_cache_engine", True))
+        if tp > 1:
+            # Hybrid engine with TP: every trainer rank hosts one TP shard of vLLM in its own
+            # process, joined through the torch.distributed group that already exists (verl's way).
+            args["distributed_executor_backend"] = "external_launcher"
+    else:
+        if tp > 1:
+            raise VLLMRolloutConfigError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} is not supported on "
+                f"CPU: vLLM's CPU tensor parallelism runs workers in other processes, where the "
+                f"trainer's weights cannot be streamed in memory; set it to 1 on CPU"
+            )
+        args["kv_cache_memory_bytes"] = kv_cache_bytes_estimate(
+            model_path, max_num_seqs, max_model_len, dtype
+        )
+    extra = passthrough_engine_kwargs(config)
+    if not on_cuda and "gpu_memory_utilization" in extra and "kv_cache_memory_bytes" not in extra:
+        # An explicit fraction on CPU means "size the cache from this share of RAM": let vLLM.
+        args.pop("kv_cache_memory_bytes")
+    args.update(extra)
+    return args

@@ -1,0 +1,88 @@
+"""Turning per-sample token lists into the rollout batch layout of
+:meth:`polyrl.interfaces.RolloutEngine.generate` (pure torch, no vLLM, so testable alone).
+
+Layout (the same as verl's and the HF rollout's): ``prompts[B*n, P]`` left-padded as given,
+``responses[B*n, R]`` right-padded with the pad token, ``response_mask`` 1 on generated tokens
+(through the stop token), ``rollout_log_probs`` 0 on padding, ``input_ids = prompts ++ responses``,
+``attention_mask = prompt mask ++ response_mask`` and ``position_ids`` counting real prompt tokens
+from 0 and continuing by one per response slot (``last prompt position + 1 .. + R``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from polyrl.batch import Batch
+
+
+def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The real prompt tokens of each row (where the mask is 1), as Python lists for vLLM."""
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"prompts need input_ids and attention_mask of one shape [B, P], got "
+            f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}"
+        )
+    rows = []
+    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+        tokens = [t for t, m in zip(ids, mask) if m]
+        if not tokens:
+            raise ValueError("a prompt row has no tokens (its attention_mask is all zero)")
+        rows.append(tokens)
+    return rows
+
+
+def position_ids_for(attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """Positions over ``[prompt ++ response]``: 0.. on real prompt tokens (0 on left padding),
+    then consecutive after the last prompt position on every response slot."""
+    prompt_mask = attention_mask[:, :prompt_width]
+    prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    width = attention_mask.shape[1] - prompt_width
+    steps = torch.arange(1, width + 1, dtype=torch.long).unsqueeze(0)
+    return torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=-1)
+
+
+def assemble_rollout(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    samples: Sequence[tuple[Sequence[int], Sequence[float]]],
+    *,
+    n: int,
+    max_new_tokens: int,
+    pad_token_id: int,
+) -> Batch:
+    """Build the output batch. ``samples`` holds ``B * n`` ``(token_ids, log_probs)`` pairs, the
+    ``n`` samples of prompt ``i`` at ``i*n .. i*n+n-1``; longer ones are cut to
+    ``max_new_tokens``."""
+    batch = input_ids.shape[0]
+    if len(samples) != batch * n:
+        raise ValueError(
+            f"expected {batch * n} samples ({batch} prompts x n={n}), got {len(samples)}"
+        )
+    width = int(max_new_tokens)
+    responses = torch.full((batch * n, width), int(pad_token_id), dtype=torch.long)
+    response_mask = torch.zeros((batch * n, width), dtype=attention_mask.dtype)
+    log_probs = torch.zeros((batch * n, width), dtype=torch.float32)
+    for row, (tokens, lps) in enumerate(samples):
+        length = min(len(tokens), width)
+        if len(lps) < length:
+            raise ValueError(f"sample {row} has {len(tokens)} tokens but {len(lps)} log-probs")
+        if length:
+            responses[row, :length] = torch.tensor(list(tokens[:length]), dtype=torch.long)
+            response_mask[row, :length] = 1
+            log_probs[row, :length] = torch.tensor(list(lps[:length]), dtype=torch.float32)
+    prompts = input_ids.repeat_interleave(n, dim=0)
+    prompt_mask = attention_mask.repeat_interleave(n, dim=0)
+    full_mask = torch.cat([prompt_mask, response_mask], dim=-1)
+    return Batch(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+            "input_ids": torch.cat([prompts, responses.to(prompts.dtype)], dim=-1),
+            "attention_mask": full_mask,
+            "position_ids": position_ids_for(full_mask, prompts.shape[1]),
+        }
+    )

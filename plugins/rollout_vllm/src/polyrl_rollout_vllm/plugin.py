@@ -1,0 +1,25 @@
+"""Entry-point module: registers the ``vllm`` rollout engine. Light on purpose (no vLLM, no torch):
+``polyrl plugins`` imports it in every process that lists plugins."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl import hookimpl
+from polyrl.specs import RolloutEngineSpec
+
+
+@hookimpl
+def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
+    yield RolloutEngineSpec(
+        name="vllm",
+        description="vLLM engine API in the worker process: batched sampling with log-probs, "
+        "in-memory weight sync, KV-cache/weight sleep on CUDA (a no-op on CPU)",
+        engine="polyrl_rollout_vllm.engine:VLLMRolloutEngine",
+        supports_cpu=True,
+        supports_cuda=True,
+        supports_weight_sync=True,
+        # True on CUDA; on CPU vLLM has no sleep mode and sleep()/wake_up() do nothing.
+        supports_sleep=True,
+        supports_logprobs=True,
+    )
