@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import fields, is_dataclass
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
 
 from polyrl.config.schema import PolyrlConfig
 from polyrl.errors import ConfigError
+
+_T = TypeVar("_T")
 
 # Keys under these prefixes are free-form dicts: anything goes below them.
 FREE_FORM_PREFIXES = (
@@ -92,3 +96,32 @@ def hydra_error_to_config_error(exc: Exception) -> ConfigError:
             f"({message.splitlines()[0]})"
         )
     return ConfigError(f"invalid config: {' '.join(message.split())}")
+
+
+def plugin_settings(node: Any, name: str, config_class: type[_T]) -> _T:
+    """A plugin's own section ``plugins.<name>`` of the run config, as ``config_class``.
+
+    ``node`` is any config node the plugin was handed (the ``algorithm`` node an estimator gets,
+    ``ctx.reward_model`` of a reward provider, the whole config, or the plain dict of the whole
+    config that workers receive): the section is looked up from the root of that config. Absent
+    keys take the dataclass defaults; an unknown key raises :class:`ConfigError` naming the closest
+    valid key (``polyrl validate`` reports the same before the run starts).
+    """
+    section: Any = None
+    if isinstance(node, DictConfig):
+        root = node._get_root()
+        found = OmegaConf.select(root, f"plugins.{name}", default=None)
+        if found is not None:
+            section = OmegaConf.to_container(found, resolve=True)
+    elif isinstance(node, dict):
+        section = (node.get("plugins") or {}).get(name)
+    section = dict(section or {})
+    valid = [f.name for f in fields(config_class)]  # type: ignore[arg-type]
+    for key in section:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" Did you mean plugins.{name}.{close[0]}?" if close else ""
+            raise ConfigError(
+                f"unknown key plugins.{name}.{key}.{hint} Valid keys: {', '.join(valid)}"
+            )
+    return config_class(**section)
