@@ -1,0 +1,188 @@
+"""Custom reward functions from files, and the runner's handling of functions that raise or hang."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from polyrl.errors import ConfigError, RewardError
+from polyrl.interfaces.reward import RewardContext, RewardSample
+from polyrl.rewards._worker import ScorerRef
+from polyrl.rewards.custom import load_custom_function, normalise_score
+from polyrl.rewards.provider import NaiveRewardProvider
+from polyrl.rewards.runner import RewardRunner
+
+USER_FUNCTIONS = """
+import time
+
+def as_float(data_source, solution_str, ground_truth, extra_info):
+    return float(solution_str.strip() == str(ground_truth))
+
+def as_dict(data_source, solution_str, ground_truth, extra_info):
+    return {"score": len(solution_str) / 10, "length": len(solution_str), "note": "text"}
+
+def flaky(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "raise":
+        raise ZeroDivisionError("user bug")
+    if solution_str == "hang":
+        time.sleep(60)
+    if solution_str == "none":
+        return None
+    return float(solution_str == ground_truth)
+
+NOT_A_FUNCTION = 3
+"""
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reward_fns") / "my_reward.py"
+    path.write_text(USER_FUNCTIONS)
+    return path
+
+
+def _samples(texts: list[str], truth: str = "ok") -> list[RewardSample]:
+    return [
+        RewardSample(index=i, data_source="mine", solution_str=t, ground_truth=truth)
+        for i, t in enumerate(texts)
+    ]
+
+
+# ---- loading --------------------------------------------------------------------------------
+def test_custom_function_float_and_dict(user_file: Path):
+    fn = load_custom_function(user_file, "as_float")
+    assert fn("mine", " ok ", "ok", {}) == 1.0
+    score, extras = normalise_score(load_custom_function(user_file, "as_dict")("s", "abcd", 0, {}))
+    assert score == pytest.approx(0.4)
+    assert extras == {"length": 4.0}  # the non-numeric "note" is dropped
+
+
+def test_custom_function_errors_are_clear(tmp_path: Path, user_file: Path):
+    with pytest.raises(ConfigError, match=r"custom_reward_function.path=.*no such file"):
+        load_custom_function(tmp_path / "missing.py")
+    with pytest.raises(ConfigError, match="'nope' is not defined") as info:
+        load_custom_function(user_file, "nope")
+    assert "as_float" in str(info.value)  # lists what the file does define
+    with pytest.raises(ConfigError, match="not a function"):
+        load_custom_function(user_file, "NOT_A_FUNCTION")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_xyz\n")
+    with pytest.raises(ConfigError, match="failed to import: ModuleNotFoundError"):
+        load_custom_function(broken)
+
+
+def test_normalise_score_rejects_bad_returns():
+    assert normalise_score(True) == (1.0, {})
+    with pytest.raises(ValueError, match="without 'score'"):
+        normalise_score({"value": 1})
+    with pytest.raises(TypeError, match="must be a number"):
+        normalise_score("1.0")
+    with pytest.raises(ValueError, match="not finite"):
+        normalise_score(float("nan"))
+
+
+# ---- runner in worker processes -------------------------------------------------------------
+def test_raise_and_hang_are_reported_scored_and_the_pool_recovers(user_file: Path):
+    runner = RewardRunner(
+        ScorerRef(str(user_file), "flaky"), num_workers=2, timeout_s=1.0, failure_score=-1.0
+    )
+    try:
+        runner.score(_samples(["ok"]))  # wait for the workers to start: not part of the timing
+        pids_before = set(runner.worker_pids)
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="failed for 3 of 5 samples"):
+            results = runner.score(_samples(["ok", "raise", "hang", "no", "none"]))
+        elapsed = time.monotonic() - start
+        assert elapsed < 5.0, f"a hanging sample held the batch for {elapsed:.1f}s"
+        assert [r.score for r in results] == [1.0, -1.0, -1.0, 0.0, -1.0]
+        assert "ZeroDivisionError: user bug" in results[1].error
+        assert results[2].error == "timed out after 1s"
+        assert "must be a number" in results[4].error
+        assert results[0].error is None and results[3].error is None
+        assert runner.replaced_workers == 1
+        assert set(runner.worker_pids) != pids_before  # the hung worker was killed and replaced
+
+        # The next batch runs normally on the repaired pool.
+        start = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = runner.score(_samples(["ok", "no", "ok", "ok"]))
+        assert [r.score for r in again] == [1.0, 0.0, 1.0, 1.0]
+        assert time.monotonic() - start < 3.0
+    finally:
+        runner.close()
+    assert runner.worker_pids == []
+
+
+def test_on_error_raise_stops_with_the_sample_named(user_file: Path):
+    with (
+        RewardRunner(
+            ScorerRef(str(user_file), "flaky"), num_workers=1, timeout_s=5, on_error="raise"
+        ) as runner,
+        pytest.raises(RewardError) as info,
+    ):
+        runner.score(_samples(["ok", "raise"]))
+    text = str(info.value)
+    assert "sample 1 (data_source 'mine')" in text
+    assert "ZeroDivisionError: user bug" in text
+    assert "reward_model.on_error=score" in text
+
+
+def test_failures_are_logged(user_file: Path, caplog: pytest.LogCaptureFixture):
+    with RewardRunner(ScorerRef(str(user_file), "flaky"), num_workers=1, timeout_s=5) as runner:
+        with pytest.warns(RuntimeWarning):
+            runner.score(_samples(["raise"]))
+    assert "sample 0 (data_source 'mine'): ZeroDivisionError" in caplog.text
+
+
+# ---- in-process -----------------------------------------------------------------------------
+def test_in_process_timeout_returns_on_time(user_file: Path):
+    runner = RewardRunner(ScorerRef(str(user_file), "flaky"), num_workers=0, timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning):
+        results = runner.score(_samples(["hang", "ok"]))
+    assert time.monotonic() - start < 3.0
+    assert results[0].error.startswith("timed out after 0.5s")
+    assert results[1].score == 1.0
+
+
+def test_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="on_error='ignore'"):
+        RewardRunner(ScorerRef(), num_workers=0, on_error="ignore")
+
+
+# ---- the provider ---------------------------------------------------------------------------
+def test_naive_provider_builtin_and_custom(user_file: Path):
+    rm = {"num_workers": 1, "timeout_s": 5.0, "failure_score": 0.0, "on_error": "score"}
+    provider = NaiveRewardProvider(RewardContext(reward_model=rm, custom_reward_function=None))
+    try:
+        samples = [
+            RewardSample(0, "gsm8k", "so #### 12", "12"),
+            RewardSample(1, "polyrl/tiny_digits", "33x3", "3"),
+        ]
+        results = provider.score(samples)
+        assert results[0].score == 1.0
+        assert results[1].score == pytest.approx(0.75)
+        assert results[1].extra == pytest.approx({"digit_frac": 0.75, "target_frac": 0.75})
+        with pytest.warns(RuntimeWarning, match="no built-in scorer"):
+            unknown = provider.score([RewardSample(0, "mine", "x", "y")])
+        assert "custom_reward_function.path" in unknown[0].error
+    finally:
+        provider.close()
+
+    custom = {"path": str(user_file), "name": "as_dict"}
+    provider = NaiveRewardProvider(RewardContext(reward_model=rm, custom_reward_function=custom))
+    try:
+        (result,) = provider.score([RewardSample(0, "mine", "abcdef", None)])
+        assert result.score == pytest.approx(0.6)
+        assert result.extra == {"length": 6.0}
+    finally:
+        provider.close()
+
+    with pytest.raises(ConfigError, match="no such file"):
+        NaiveRewardProvider(
+            RewardContext(reward_model=rm, custom_reward_function={"path": "/nonexistent.py"})
+        )
