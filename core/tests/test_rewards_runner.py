@@ -132,9 +132,9 @@ def test_on_error_raise_stops_with_the_sample_named(user_file: Path):
 
 
 def test_failures_are_logged(user_file: Path, caplog: pytest.LogCaptureFixture):
-    with RewardRunner(ScorerRef(str(user_file), "flaky"), num_workers=1, timeout_s=5) as runner:
-        with pytest.warns(RuntimeWarning):
-            runner.score(_samples(["raise"]))
+    scorer = ScorerRef(str(user_file), "flaky")
+    with RewardRunner(scorer, num_workers=1, timeout_s=5) as runner, pytest.warns(RuntimeWarning):
+        runner.score(_samples(["raise"]))
     assert "sample 0 (data_source 'mine'): ZeroDivisionError" in caplog.text
 
 
