@@ -104,6 +104,18 @@ def test_better_response_gets_positive_advantage(fn):
     assert adv.requires_grad is False
 
 
+def test_index_may_be_ints_or_a_tensor():
+    rewards, mask = _batch()
+    expected = _run(grpo_advantage, None)
+    codes = {"a": 0, "b": 1, "c": 2, "d": 3}
+    as_ints = np.array([codes[i] for i in INDEX])
+    for index in (as_ints, torch.as_tensor(as_ints), list(as_ints)):
+        adv, _ = grpo_advantage(
+            token_level_rewards=rewards, response_mask=mask, index=index, config=None
+        )
+        assert adv[:, 0].tolist() == pytest.approx(expected, abs=1e-7)
+
+
 def test_index_must_match_rows():
     rewards, mask = _batch()
     with pytest.raises(ValueError, match="one id per response"):

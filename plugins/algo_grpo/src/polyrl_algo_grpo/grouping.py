@@ -24,6 +24,8 @@ class GroupStats:
 
 def group_ids(index: np.ndarray | Sequence[Any], rows: int) -> torch.Tensor:
     """Dense group numbers ``0..G-1`` for the ids in ``index`` (order of first appearance)."""
+    if isinstance(index, torch.Tensor):  # tensor elements hash by identity, not value
+        index = index.tolist()
     ids = list(np.asarray(index, dtype=object).reshape(-1)) if index is not None else []
     if len(ids) != rows:
         raise ValueError(
