@@ -163,3 +163,36 @@ def test_registered_through_the_entry_point(monkeypatch):
     )
     assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "grpo").spec.default_loss_agg_mode is None
     assert registry.get(PluginKind.POLICY_LOSS, "gspo").load().__name__ == "gspo_policy_loss"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_groups_match_a_statistics_module_reference(seed):
+    """Element-by-element reference with Python's statistics module (stdev is unbiased)."""
+    import random
+    import statistics
+
+    rnd = random.Random(seed)
+    sizes = [rnd.randint(1, 6) for _ in range(5)]
+    ids = [g for g, n in enumerate(sizes) for _ in range(n)]
+    rnd.shuffle(ids)
+    scores = [float(rnd.choice([0, 0.5, 1, 2])) + rnd.gauss(0, 0.1) for _ in ids]
+    rewards = torch.zeros(len(ids), 2)
+    rewards[:, 1] = torch.tensor(scores)
+    mask = torch.ones(len(ids), 2)
+    index = np.array(ids)
+    grpo, _ = grpo_advantage(
+        token_level_rewards=rewards, response_mask=mask, index=index, config=None
+    )
+    rloo, _ = rloo_advantage(
+        token_level_rewards=rewards, response_mask=mask, index=index, config=None
+    )
+    for row, (g, s) in enumerate(zip(ids, scores)):
+        group = [scores[k] for k, h in enumerate(ids) if h == g]
+        if len(group) == 1:
+            expected_grpo = expected_rloo = 0.0
+        else:
+            mean = statistics.fmean(group)
+            expected_grpo = (s - mean) / (statistics.stdev(group) + 1e-6)
+            expected_rloo = s - (sum(group) - s) / (len(group) - 1)
+        assert grpo[row, 1].item() == pytest.approx(expected_grpo, rel=1e-5, abs=1e-5)
+        assert rloo[row, 1].item() == pytest.approx(expected_rloo, rel=1e-5, abs=1e-6)
