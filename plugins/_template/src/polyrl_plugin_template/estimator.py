@@ -1,0 +1,46 @@
+"""REINFORCE with a batch-mean baseline.
+
+For response ``i`` with outcome score ``s_i`` (the sum of its token-level rewards), the advantage of
+every one of its tokens is ``A_i = s_i - b_i``, where the baseline ``b_i`` is the mean score of the
+batch (or, with ``leave_one_out``, the mean of the other ``B - 1`` scores, which keeps the gradient
+estimate unbiased). With ``normalize`` the advantages are divided by the batch's score standard
+deviation plus ``epsilon``. Unlike GRPO it needs no groups: it works with ``rollout.n=1``.
+
+The returns equal the advantages (there is no critic to regress on them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from polyrl.config.keys import plugin_settings
+from polyrl_plugin_template.settings import ReinforceBaselineSettings
+
+SETTINGS_SECTION = "template_reinforce"
+
+
+def reinforce_batch_baseline(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    config: Any,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ``[B, T]`` (see the module docstring); zero on padding."""
+    settings = plugin_settings(config, SETTINGS_SECTION, ReinforceBaselineSettings)
+    mask = response_mask.to(token_level_rewards.dtype)
+    scores = (token_level_rewards * mask).sum(dim=-1)
+    count = scores.shape[0]
+    if settings.leave_one_out and count > 1:
+        baseline = (scores.sum() - scores) / (count - 1)
+    else:
+        baseline = scores.mean().expand_as(scores)
+    advantages = scores - baseline
+    if settings.normalize and count > 1:
+        advantages = advantages / (scores.std() + settings.epsilon)
+    advantages = advantages.unsqueeze(-1) * mask
+    return advantages, advantages.clone()
