@@ -192,17 +192,30 @@ class HybridWorker:
                 else torch.arange(len(batch))
             )
             for mini in batch.select_rows(order).split(rows_per_mini):
-                mask = mini["response_mask"]
-                mini.meta["loss_norm"] = {
-                    "num_seqs": len(mini),
-                    "num_tokens": max(1, int(mask.sum())),
-                    "max_len": int(mask.shape[1]),
-                }
+                mini.meta["loss_norm"] = self._global_loss_norm(mini["response_mask"])
                 for key, value in self.actor.train_step(
                     mini, loss_fn, temperature=temperature
                 ).items():
                     collected[key].append(float(value))
         return {key: sum(values) / len(values) for key, values in collected.items()}
+
+    def _global_loss_norm(self, response_mask: torch.Tensor) -> dict[str, float]:
+        """Mini-batch denominators over ALL ranks, divided by the world size: each rank's loss
+        is then its share of the global aggregate, and the gradient average across ranks that
+        data parallelism performs yields exactly the global token/sequence mean."""
+        from polyrl.algorithms.loss_agg import loss_norm_totals
+
+        totals = loss_norm_totals(
+            response_mask, max_len=int(self.cfg.data.max_response_length)
+        )
+        counts = torch.tensor([totals["num_seqs"], totals["num_tokens"]], dtype=torch.float64)
+        dist.all_reduce(counts)
+        counts = (counts / self.world_size).clamp(min=1.0 / self.world_size)
+        return {
+            "num_seqs": float(counts[0]),
+            "num_tokens": float(counts[1]),
+            "max_len": totals["max_len"],
+        }
 
     def _on_policy_loss(
         self, micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
