@@ -1,0 +1,181 @@
+"""Plugins installed with pip are discovered through their entry points, in a fresh process.
+
+The packages under tests/fixtures are pip-installed into a throwaway ``--target`` folder that is
+put on ``PYTHONPATH`` of ``python -m polyrl`` subprocesses; the environment itself is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PACKAGES = ("polyrl_fixture_good", "polyrl_fixture_broken", "polyrl_fixture_clash")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the three fixture distributions, installed by pip (wheels built)."""
+    root = tmp_path_factory.mktemp("fixture_plugins")
+    sources = []
+    for package in PACKAGES:  # build from copies: pip builds in-tree and leaves build/ behind
+        shutil.copytree(FIXTURES / package, root / "src" / package)
+        sources.append(str(root / "src" / package))
+    target = root / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), *sources],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return target
+
+
+def polyrl(
+    site: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("POLYRL_")}
+    environ.update({"PYTHONPATH": str(site), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl", *args],
+        capture_output=True, text=True, env=environ, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def rows(site: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
+    done = polyrl(site, "plugins", "--json", *args, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def data_and_model(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("data")
+    table = pa.table(
+        {
+            "data_source": ["t"],
+            "prompt": [[{"role": "user", "content": "1+1?"}]],
+            "reward_model": [{"ground_truth": "2", "style": "rule"}],
+        }
+    )
+    pq.write_table(table, root / "train.parquet")
+    (root / "model").mkdir()
+    return [
+        f"data.train_files={root / 'train.parquet'}",
+        f"actor_rollout_ref.model.path={root / 'model'}",
+    ]
+
+
+def test_installed_plugin_is_listed_with_package_and_version(site: Path) -> None:
+    listed = rows(site, "--kind", "advantage_estimator")
+    mine = [r for r in listed if r["name"] == "fixture_sign"]
+    assert len(mine) == 1
+    row = mine[0]
+    assert (row["package"], row["version"], row["status"]) == ("polyrl-fixture-good", "0.3.1", "ok")
+    assert row["kind"] == "advantage_estimator" and row["plugin"] == "fixture"
+    assert row["capabilities"] == {"critic": False, "groups": False}
+    assert "sign of the outcome" in row["description"]
+    # --kind filters registrations; broken modules are always shown (they may provide any kind)
+    assert {r["kind"] for r in listed} <= {"advantage_estimator", None}
+
+
+def test_table_output_names_the_package(site: Path) -> None:
+    done = polyrl(site, "plugins")
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("fixture_sign "))
+    assert "polyrl-fixture-good" in line and "0.3.1" in line and " ok " in line
+
+
+def test_validate_accepts_the_plugin_by_name(site: Path, data_and_model: list[str]) -> None:
+    args = ["algorithm.adv_estimator=fixture_sign", "actor_rollout_ref.rollout.n=1",
+            "plugins.fixture_sign.scale=2.0", *data_and_model]  # fmt: skip
+    done = polyrl(site, "validate", *args)
+    assert "algorithm.adv_estimator" not in done.stderr, done.stderr
+    assert "plugins.fixture_sign" not in done.stderr, done.stderr
+    # exit 0 needs CPU engines too: take whichever the environment has installed
+    listed = rows(site)
+    engines = {}
+    for kind in ("training_engine", "rollout_engine"):
+        cpu = [
+            r["name"]
+            for r in listed
+            if r["kind"] == kind and r["status"] == "ok" and r["capabilities"].get("cpu")
+        ]
+        if not cpu:
+            pytest.skip(f"no CPU {kind} installed: cannot check a fully valid config")
+        engines[kind] = cpu[0]
+    done = polyrl(site, "validate", *args,
+                  f"actor_rollout_ref.actor.strategy={engines['training_engine']}",
+                  f"actor_rollout_ref.rollout.name={engines['rollout_engine']}")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "config OK" in done.stdout
+
+
+def test_plugin_section_keys_are_checked_against_its_config_class(
+    site: Path, data_and_model: list[str]
+) -> None:
+    done = polyrl(site, "validate", "algorithm.adv_estimator=fixture_sign",
+                  "plugins.fixture_sign.scal=2.0", *data_and_model)  # fmt: skip
+    assert done.returncode == 1
+    assert "unknown key plugins.fixture_sign.scal" in done.stderr
+    assert "Did you mean plugins.fixture_sign.scale?" in done.stderr
+
+
+def test_broken_plugin_is_listed_with_its_error(site: Path) -> None:
+    broken = [r for r in rows(site) if r["package"] == "polyrl-fixture-broken"]
+    assert len(broken) == 1
+    assert broken[0]["status"] == "broken" and broken[0]["version"] == "0.0.1"
+    assert "No module named 'polyrl_fixture_missing_backend'" in broken[0]["error"]
+    done = polyrl(site, "plugins")
+    assert "fixture_broken from polyrl-fixture-broken 0.0.1: ModuleNotFoundError" in done.stdout
+
+
+def test_selecting_a_name_of_the_broken_plugin_shows_its_error(
+    site: Path, data_and_model: list[str]
+) -> None:
+    done = polyrl(site, "validate", "algorithm.adv_estimator=fixture_broken_estimator",
+                  *data_and_model)  # fmt: skip
+    assert done.returncode == 1
+    line = next(x for x in done.stderr.splitlines() if "algorithm.adv_estimator" in x)
+    assert "unknown advantage_estimator 'fixture_broken_estimator'" in line
+    assert "polyrl-fixture-broken" in line and "polyrl_fixture_missing_backend" in line
+
+
+def test_other_commands_work_beside_a_broken_plugin(site: Path) -> None:
+    done = polyrl(site, "config", "algorithm.adv_estimator=fixture_sign")
+    assert done.returncode == 0, done.stderr
+    assert "adv_estimator: fixture_sign" in done.stdout
+
+
+def test_two_packages_registering_one_name_are_both_named(
+    site: Path, data_and_model: list[str]
+) -> None:
+    dup = [r for r in rows(site, "--kind", "logger") if r["name"] == "fixture_dup"]
+    assert {r["package"] for r in dup} == {"polyrl-fixture-good", "polyrl-fixture-clash"}
+    assert all(r["status"] == "conflict" for r in dup)
+    # the same entry-point name in two distributions must not hide either of them
+    assert all(r["plugin"] == "fixture" for r in dup)
+    done = polyrl(site, "validate", "trainer.logger=[console,fixture_dup]", *data_and_model)
+    assert done.returncode == 1
+    line = next(x for x in done.stderr.splitlines() if "fixture_dup" in x)
+    assert "polyrl-fixture-good 0.3.1" in line and "polyrl-fixture-clash 0.2.0" in line
+
+
+def test_polyrl_plugins_env_limits_loading_by_package(site: Path) -> None:
+    listed = rows(site, env={"POLYRL_PLUGINS": "polyrl-fixture-clash"})
+    packages = {r["package"] for r in listed}
+    assert packages == {"polyrl", "polyrl-fixture-clash"}
+    assert next(r for r in listed if r["name"] == "fixture_dup")["status"] == "ok"
+
+
+def test_disable_autoload_env_leaves_only_builtins(site: Path) -> None:
+    listed = rows(site, env={"POLYRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert {r["package"] for r in listed} == {"polyrl"}
