@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from polyrl.batch import Batch
 from polyrl.config.schema import RolloutConfig
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
@@ -170,13 +171,14 @@ def test_strip_left_padding():
 def test_assemble_rollout_layout_by_hand():
     ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    prompts = Batch({"input_ids": ids, "attention_mask": mask}, {"uid": ["a", "b"]}, {"k": 1})
     samples = [
         ([11, 2], [-0.5, -0.25]),  # prompt 0, sample 0: stopped at EOS 2
         ([12, 13, 14, 15], [-1.0, -2.0, -3.0, -4.0]),  # cut to 3 tokens
         ([16], [-0.125]),
         ([17, 18, 19], [-0.1, -0.2, -0.3]),
     ]
-    out = assemble_rollout(ids, mask, samples, n=2, max_new_tokens=3, pad_token_id=0)
+    out = assemble_rollout(prompts, samples, n=2, max_new_tokens=3, pad_token_id=0)
     assert out["prompts"].tolist() == [[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]]
     assert out["responses"].tolist() == [[11, 2, 0], [12, 13, 14], [16, 0, 0], [17, 18, 19]]
     assert out["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]]
@@ -188,13 +190,14 @@ def test_assemble_rollout_layout_by_hand():
     ]
     assert out["input_ids"].tolist()[0] == [0, 5, 6, 11, 2, 0]
     assert out["attention_mask"].tolist()[0] == [0, 1, 1, 1, 1, 0]
-    # Prompt positions count real tokens from 0; response slots continue one by one.
-    assert out["position_ids"].tolist()[0] == [0, 0, 1, 2, 3, 4]
-    assert out["position_ids"].tolist()[2] == [0, 1, 2, 3, 4, 5]
+    # Real tokens numbered from 0; padding repeats a neighbour's position (as the hf rollout).
+    assert out["position_ids"].tolist()[0] == [0, 0, 1, 2, 3, 3]
+    assert out["position_ids"].tolist()[2] == [0, 1, 2, 3, 3, 3]
+    assert list(out["uid"]) == ["a", "a", "b", "b"] and out.meta == {"k": 1}
     with pytest.raises(ValueError, match="expected 4 samples"):
-        assemble_rollout(ids, mask, samples[:3], n=2, max_new_tokens=3, pad_token_id=0)
+        assemble_rollout(prompts, samples[:3], n=2, max_new_tokens=3, pad_token_id=0)
 
 
-def test_position_ids_all_padding_prompt_row():
+def test_position_ids_by_hand():
     mask = torch.tensor([[0, 0, 1, 1, 0]])
-    assert position_ids_for(mask, 3).tolist() == [[0, 0, 0, 1, 2]]
+    assert position_ids_for(mask).tolist() == [[0, 0, 0, 1, 1]]

@@ -129,8 +129,7 @@ class VLLMRolloutEngine(RolloutEngine):
             for c in sorted(out.outputs, key=lambda c: c.index)
         ]
         return assemble_rollout(
-            prompts["input_ids"],
-            prompts["attention_mask"],
+            prompts,
             samples,
             n=params.n,
             max_new_tokens=params.max_new_tokens,
@@ -208,6 +207,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in named_tensors:
+                if hasattr(tensor, "full_tensor"):  # a sharded DTensor: gather it first
+                    tensor = tensor.full_tensor()
                 stats["tensors"] += 1
                 stats["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor

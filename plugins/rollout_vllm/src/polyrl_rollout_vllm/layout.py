@@ -4,8 +4,10 @@
 Layout (the same as verl's and the HF rollout's): ``prompts[B*n, P]`` left-padded as given,
 ``responses[B*n, R]`` right-padded with the pad token, ``response_mask`` 1 on generated tokens
 (through the stop token), ``rollout_log_probs`` 0 on padding, ``input_ids = prompts ++ responses``,
-``attention_mask = prompt mask ++ response_mask`` and ``position_ids`` counting real prompt tokens
-from 0 and continuing by one per response slot (``last prompt position + 1 .. + R``).
+``attention_mask = prompt mask ++ response_mask`` and
+``position_ids = clamp(cumsum(attention_mask) - 1, 0)`` (real tokens numbered from 0; padding
+repeats a neighbour's position and is masked anyway), and the prompts' non-tensor fields repeated
+``n`` times.
 """
 
 from __future__ import annotations
@@ -33,19 +35,14 @@ def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return rows
 
 
-def position_ids_for(attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
-    """Positions over ``[prompt ++ response]``: 0.. on real prompt tokens (0 on left padding),
-    then consecutive after the last prompt position on every response slot."""
-    prompt_mask = attention_mask[:, :prompt_width]
-    prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    width = attention_mask.shape[1] - prompt_width
-    steps = torch.arange(1, width + 1, dtype=torch.long).unsqueeze(0)
-    return torch.cat([prompt_pos, prompt_pos[:, -1:] + steps], dim=-1)
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions over ``[prompt ++ response]``: real tokens numbered 0, 1, ... in order; left
+    padding 0, right padding the last real position (the trainer masks both)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def assemble_rollout(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    prompts: Batch,
     samples: Sequence[tuple[Sequence[int], Sequence[float]]],
     *,
     n: int,
@@ -55,6 +52,7 @@ def assemble_rollout(
     """Build the output batch. ``samples`` holds ``B * n`` ``(token_ids, log_probs)`` pairs, the
     ``n`` samples of prompt ``i`` at ``i*n .. i*n+n-1``; longer ones are cut to
     ``max_new_tokens``."""
+    input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
     batch = input_ids.shape[0]
     if len(samples) != batch * n:
         raise ValueError(
@@ -72,17 +70,19 @@ def assemble_rollout(
             responses[row, :length] = torch.tensor(list(tokens[:length]), dtype=torch.long)
             response_mask[row, :length] = 1
             log_probs[row, :length] = torch.tensor(list(lps[:length]), dtype=torch.float32)
-    prompts = input_ids.repeat_interleave(n, dim=0)
+    prompt_ids = input_ids.repeat_interleave(n, dim=0)
     prompt_mask = attention_mask.repeat_interleave(n, dim=0)
     full_mask = torch.cat([prompt_mask, response_mask], dim=-1)
     return Batch(
         {
-            "prompts": prompts,
+            "prompts": prompt_ids,
             "responses": responses,
             "response_mask": response_mask,
             "rollout_log_probs": log_probs,
-            "input_ids": torch.cat([prompts, responses.to(prompts.dtype)], dim=-1),
+            "input_ids": torch.cat([prompt_ids, responses.to(prompt_ids.dtype)], dim=-1),
             "attention_mask": full_mask,
-            "position_ids": position_ids_for(full_mask, prompts.shape[1]),
-        }
+            "position_ids": position_ids_for(full_mask),
+        },
+        {key: value for key, value in prompts.repeat_interleave(n).non_tensors.items()},
+        dict(prompts.meta),
     )
