@@ -31,6 +31,9 @@ def flaky(data_source, solution_str, ground_truth, extra_info):
         time.sleep(60)
     if solution_str == "none":
         return None
+    if solution_str == "exit":
+        import os
+        os._exit(3)
     return float(solution_str == ground_truth)
 
 NOT_A_FUNCTION = 3
@@ -115,6 +118,27 @@ def test_raise_and_hang_are_reported_scored_and_the_pool_recovers(user_file: Pat
     finally:
         runner.close()
     assert runner.worker_pids == []
+
+
+def test_a_worker_that_dies_is_reported_and_replaced(user_file: Path):
+    with RewardRunner(ScorerRef(str(user_file), "flaky"), num_workers=1, timeout_s=5) as runner:
+        with pytest.warns(RuntimeWarning):
+            results = runner.score(_samples(["exit", "ok"]))
+        assert results[0].error == "the reward worker process died (exit code 3) while scoring"
+        assert results[1].score == 1.0
+        assert runner.replaced_workers == 1
+
+
+def test_a_function_that_cannot_load_in_the_worker_is_a_reward_error(tmp_path: Path):
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("raise RuntimeError('cannot start')\n")
+    with (
+        RewardRunner(ScorerRef(str(broken)), num_workers=1) as runner,
+        pytest.raises(
+            RewardError, match=r"could not load compute_score from .*broken_reward\.py.*start"
+        ),
+    ):
+        runner.score(_samples(["ok"]))
 
 
 def test_on_error_raise_stops_with_the_sample_named(user_file: Path):

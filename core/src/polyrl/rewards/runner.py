@@ -169,6 +169,17 @@ class RewardRunner:
         self.replaced_workers += 1
 
     def _score_in_workers(self, samples: Sequence[RewardSample]) -> list[tuple]:
+        try:
+            return self._score_loop(samples)
+        except BaseException:
+            # Leave no worker busy with a task of this call (its late result or timeout would be
+            # taken for a sample of the next call): replace the busy ones.
+            for worker in list(self._workers):
+                if worker.task is not None:
+                    self._replace(worker)
+            raise
+
+    def _score_loop(self, samples: Sequence[RewardSample]) -> list[tuple]:
         outcomes: list[tuple | None] = [None] * len(samples)
         todo = deque(range(len(samples)))
         ids: dict[int, int] = {}  # task id -> sample position
@@ -232,7 +243,14 @@ class RewardRunner:
                 raise EOFError
             message = worker.conn.recv()
         except (EOFError, OSError):
+            worker.process.join(timeout=1)
             code = worker.process.exitcode
+            if not worker.ready:
+                self._replace(worker)
+                raise RewardError(
+                    f"a reward worker exited (code {code}) while loading "
+                    f"{self.scorer.describe()}, before scoring anything"
+                ) from None
             if worker.task is not None:
                 outcomes[worker.task[0]] = (
                     "err",
