@@ -68,7 +68,7 @@ class ConsoleLogger(MetricsLogger):
         self._bar: Any = None
         self._closed = False
         if self._live:
-            from tqdm.auto import tqdm
+            from tqdm import tqdm
 
             self._bar = tqdm(
                 total=self._total,
@@ -98,9 +98,12 @@ class ConsoleLogger(MetricsLogger):
         if vals:
             self._last_val = sum(vals.values()) / len(vals)
         if self._bar is not None:
+            # postfix first, then advance: one redraw per step, with this step's figures
+            self._bar.set_postfix_str(", ".join(f"{k}={v}" for k, v in figures), refresh=False)
             if step > self._bar.n:
                 self._bar.update(step - self._bar.n)
-            self._bar.set_postfix_str(", ".join(f"{k}={v}" for k, v in figures), refresh=True)
+            else:
+                self._bar.refresh()
         else:
             self._stream.write(self._line(step, figures) + "\n")
             self._stream.flush()

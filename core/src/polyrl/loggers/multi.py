@@ -91,7 +91,7 @@ class LoggerGroup:
         for name, logger in zip(self.names, self.loggers):
             try:
                 call(logger)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
                 exc.add_note(f"in logger {name!r} ({what})")
                 first = first or exc
         if first is not None:
@@ -111,5 +111,5 @@ class LoggerGroup:
             return
         try:
             self.finish()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the run's own exception matters more
             _log.exception("a logger failed to finish while the run was failing")
