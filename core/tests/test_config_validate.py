@@ -1,0 +1,448 @@
+"""``validate_config``: good configs pass, each kind of mistake gives one clear line."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from polyrl import builtins
+from polyrl.config import load_config
+from polyrl.config.validate import summarize, validate_config
+from polyrl.registry import Provenance, Registry
+from polyrl.specs import AdvantageEstimatorSpec, RolloutEngineSpec, TrainingEngineSpec
+from polyrl.testing.pytest_plugin import plugin_from_specs
+
+# Test registrations. Validation only *locates* implementation modules, so these point at real
+# modules of polyrl (or at one that does not exist, to test that error).
+ENGINE = "polyrl.interfaces.training_engine:TrainingEngine"
+ROLLOUT = "polyrl.interfaces.rollout_engine:RolloutEngine"
+FN = "polyrl.interfaces.algorithms:AdvantageEstimatorFn"
+
+
+@dataclass
+class GroupSettings:
+    beta: float = 0.1
+    mode: str = "mean"
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    specs = plugin_from_specs(
+        TrainingEngineSpec(name="eng", description="cpu+cuda", engine=ENGINE, supports_cpu=True),
+        TrainingEngineSpec(name="gpu_only", description="cuda", engine=ENGINE),
+        TrainingEngineSpec(
+            name="ghost", description="missing backend", engine="polyrl_no_such.engine:Engine"
+        ),
+        RolloutEngineSpec(name="roll", description="cpu", engine=ROLLOUT, supports_cpu=True),
+        AdvantageEstimatorSpec(
+            name="grp",
+            description="group",
+            fn=FN,
+            requires_groups=True,
+            config_class=f"{__name__}:GroupSettings",
+        ),
+        AdvantageEstimatorSpec(name="gae_like", description="c", fn=FN, requires_critic=True),
+    )
+    reg = Registry()
+    reg.add_plugin(builtins, Provenance("builtins", "polyrl", "0.1.0"))
+    reg.add_plugin(specs, Provenance("test", "polyrl-test-plugins", "1.0"))
+    return reg
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("validate")
+    good = pa.table(
+        {
+            "data_source": ["openai/gsm8k"],
+            "prompt": [[{"role": "user", "content": "2+2?"}]],
+            "reward_model": [{"ground_truth": "4", "style": "rule"}],
+            "extra_info": [{"index": 0}],
+        }
+    )
+    pq.write_table(good, root / "train.parquet")
+    pq.write_table(good.drop(["reward_model"]), root / "no_reward.parquet")
+    (root / "garbage.parquet").write_text("not parquet")
+    (root / "model").mkdir()
+    return {
+        "train": root / "train.parquet",
+        "no_reward": root / "no_reward.parquet",
+        "garbage": root / "garbage.parquet",
+        "model": root / "model",
+        "root": root,
+    }
+
+
+@pytest.fixture
+def base(files: dict[str, Path]) -> list[str]:
+    return [
+        f"data.train_files={files['train']}",
+        f"actor_rollout_ref.model.path={files['model']}",
+        "actor_rollout_ref.actor.strategy=eng",
+        "actor_rollout_ref.rollout.name=roll",
+        "algorithm.adv_estimator=grp",
+        "trainer.logger=[console,jsonl]",
+        "trainer.device=cpu",
+        "reward_model.reward_manager=naive",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.n=4",
+        "trainer.n_gpus_per_node=1",
+    ]
+
+
+def problems(registry: Registry, base: list[str], *overrides: str) -> list[str]:
+    return validate_config(load_config([*base, *overrides]), registry)
+
+
+def one_problem(registry: Registry, base: list[str], *overrides: str) -> str:
+    found = problems(registry, base, *overrides)
+    assert len(found) == 1, found
+    assert "\n" not in found[0]
+    return found[0]
+
+
+def test_good_config_has_no_problems(registry: Registry, base: list[str]) -> None:
+    assert problems(registry, base) == []
+    assert problems(registry, base, "plugins.grp.beta=0.5", "data.val_files=builtin:digits") == []
+
+
+def test_validation_does_not_import_heavy_modules(registry: Registry, base: list[str]) -> None:
+    heavy = ("vllm", "sglang", "megatron", "deepspeed")
+    problems(registry, base)
+    assert not [m for m in heavy if m in sys.modules]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "actor_rollout_ref.actor.optim.lr=0",
+            "actor.optim.lr=0.0 is out of range: it must be > 0",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio=1.0",
+            "actor_rollout_ref.actor.clip_ratio=1.0 is out of range",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio_low=0",
+            "actor_rollout_ref.actor.clip_ratio_low=0 is out of range",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio_high=1.3",
+            "clip_ratio_high=1.3 is out of range: it must be between 0 and 1",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio_high=abc",
+            "clip_ratio_high='abc' must be a number",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio_c=1.0",
+            "clip_ratio_c=1.0 is out of range: it must be > 1",
+        ),
+        (
+            "actor_rollout_ref.rollout.temperature=-0.5",
+            "rollout.temperature=-0.5 is out of range: it must be >= 0",
+        ),
+        (
+            "actor_rollout_ref.rollout.top_p=0",
+            "rollout.top_p=0.0 is out of range: it must be in (0, 1]",
+        ),
+        (
+            "actor_rollout_ref.rollout.top_p=1.5",
+            "rollout.top_p=1.5 is out of range",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_epochs=0",
+            "actor.ppo_epochs=0 is out of range: it must be >= 1",
+        ),
+        (
+            "trainer.total_training_steps=0",
+            "total_training_steps=0 is out of range: it must be null or >= 1",
+        ),
+        (
+            "trainer.total_training_steps=2.5",
+            "trainer.total_training_steps=2.5 must be an integer",
+        ),
+        (
+            "actor_rollout_ref.actor.loss_agg_mode=token-sum",
+            "loss_agg_mode='token-sum' is not one of token-mean, seq-mean-",
+        ),
+        (
+            "actor_rollout_ref.actor.kl_loss_type=k4",
+            "kl_loss_type='k4' is not one of kl, k1, abs, mse, k2, low_var_kl, k3",
+        ),
+        (
+            "algorithm.kl_penalty=lowvar_kl",
+            "algorithm.kl_penalty='lowvar_kl' is not one of",
+        ),
+        (
+            "algorithm.kl_ctrl.type=pid",
+            "algorithm.kl_ctrl.type='pid' is not one of fixed, adaptive",
+        ),
+        (
+            "trainer.resume_mode=always",
+            "trainer.resume_mode='always' is not one of auto, disable, resume_path",
+        ),
+        (
+            "trainer.resume_mode=resume_path",
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path",
+        ),
+        (
+            "actor_rollout_ref.actor.optim.warmup_style=linear",
+            "warmup_style='linear' is not one of constant, cosine",
+        ),
+        (
+            "actor_rollout_ref.rollout.val_kwargs.n=3",
+            "val_kwargs.do_sample=false gives 3 identical",
+        ),
+        (
+            "actor_rollout_ref.rollout.val_kwargs.top_p=2",
+            "val_kwargs.top_p=2.0 is out of range",
+        ),
+        (
+            "data.max_response_length=0",
+            "data.max_response_length=0 is out of range",
+        ),
+    ],
+)
+def test_types_and_ranges(
+    registry: Registry, base: list[str], override: str, expected: str
+) -> None:
+    assert expected in one_problem(registry, base, override)
+
+
+def test_loss_agg_mode_suggests_the_closest(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "actor_rollout_ref.actor.loss_agg_mode=token_mean")
+    assert "Did you mean 'token-mean'?" in line
+
+
+def test_device_must_be_cpu_or_cuda(registry: Registry, base: list[str]) -> None:
+    assert "trainer.device='tpu' is not one of cpu, cuda" in one_problem(
+        registry, base, "trainer.device=tpu"
+    )
+
+
+def test_resume_path_must_exist(registry: Registry, base: list[str], files) -> None:
+    line = one_problem(
+        registry,
+        base,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={files['root'] / 'nope'}",
+    )
+    assert "trainer.resume_from_path=" in line and "does not exist" in line
+    assert (
+        problems(
+            registry,
+            base,
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={files['root']}",
+        )
+        == []
+    )
+
+
+# ---- batch arithmetic --------------------------------------------------------------------------
+def test_train_batch_smaller_than_mini_batch(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "data.train_batch_size=2")
+    assert "data.train_batch_size 2 < actor_rollout_ref.actor.ppo_mini_batch_size 4" in line
+
+
+def test_train_batch_not_a_multiple_of_mini_batch(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "data.train_batch_size=6")
+    assert "data.train_batch_size 6 is not divisible by actor_rollout_ref.actor" in line
+    assert "ppo_mini_batch_size 4" in line
+
+
+def test_batches_against_the_world_size(registry: Registry, base: list[str]) -> None:
+    # world 3: 8 prompts, 32 responses, 16 responses per mini-batch: none divides by 3.
+    found = problems(registry, base, "trainer.n_gpus_per_node=3")
+    assert len(found) == 3, found
+    world = "world size 3 = trainer.nnodes 1 x trainer.n_gpus_per_node 3"
+    assert any("data.train_batch_size 8 is not divisible by the " + world in p for p in found)
+    assert any("8 x rollout.n 4 = 32 responses are not divisible" in p for p in found)
+    assert any(
+        "ppo_mini_batch_size 4 x rollout.n 4 = 16 responses per mini-batch" in p for p in found
+    )
+
+
+def test_multi_node_world_size(registry: Registry, base: list[str]) -> None:
+    # world 8: 8 prompts, 32 responses, 16 per mini-batch -> 2 per rank, micro-batches of 2
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"
+    assert problems(registry, base, "trainer.nnodes=2", "trainer.n_gpus_per_node=4", micro) == []
+    found = problems(registry, base, "trainer.nnodes=2", "trainer.n_gpus_per_node=8")
+    assert any("world size 16 = trainer.nnodes 2 x trainer.n_gpus_per_node 8" in p for p in found)
+
+
+def test_micro_batch_must_divide_the_per_gpu_mini_batch(
+    registry: Registry, base: list[str]
+) -> None:
+    # 4 prompts x 4 samples / 2 ranks = 8 responses per rank; 3 does not divide 8.
+    line = one_problem(
+        registry,
+        base,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+    )
+    assert "per-GPU mini-batch 8" in line and "ppo_micro_batch_size_per_gpu 3" in line
+    assert "use_dynamic_bsz=true" in line
+    assert (
+        problems(
+            registry,
+            base,
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        )
+        == []
+    )
+
+
+def test_critic_batches_checked_when_enabled(registry: Registry, base: list[str]) -> None:
+    found = problems(
+        registry, base, "critic.enable=true", "critic.strategy=eng", "critic.ppo_mini_batch_size=3"
+    )
+    assert found == [
+        "data.train_batch_size 8 is not divisible by critic.ppo_mini_batch_size 3: every "
+        "mini-batch must be full"
+    ]
+
+
+# ---- plugins and capabilities ------------------------------------------------------------------
+def test_unknown_plugin_name_lists_valid_ones(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "algorithm.adv_estimator=gpro")
+    assert line.startswith("algorithm.adv_estimator: unknown advantage_estimator 'gpro'")
+    assert "grp (polyrl-test-plugins)" in line
+
+
+def test_first_party_name_not_installed_says_what_to_install(
+    registry: Registry, base: list[str]
+) -> None:
+    line = one_problem(registry, base, "actor_rollout_ref.rollout.name=vllm")
+    assert "pip install polyrl-rollout-vllm" in line
+
+
+def test_every_logger_is_checked(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "trainer.logger=[console,tensorbord]")
+    assert line.startswith("trainer.logger: unknown logger 'tensorbord'")
+    assert "Did you mean 'tensorboard'?" in line
+
+
+def test_missing_backend_module_is_caught_before_the_run(
+    registry: Registry, base: list[str]
+) -> None:
+    line = one_problem(
+        registry, base, "actor_rollout_ref.actor.strategy=ghost", "trainer.device=cuda"
+    )
+    assert (
+        "'polyrl_no_such.engine:Engine' from package polyrl-test-plugins 1.0 cannot be found"
+        in line
+    )
+    assert "No module named 'polyrl_no_such'" in line
+
+
+def test_group_estimator_needs_several_samples(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "actor_rollout_ref.rollout.n=1")
+    assert "algorithm.adv_estimator='grp' compares samples of one prompt" in line
+    assert "actor_rollout_ref.rollout.n >= 2 (got 1)" in line
+
+
+def test_critic_estimator_needs_the_critic(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "algorithm.adv_estimator=gae_like")
+    assert "needs a value model: set critic.enable=true" in line
+    enabled = ["critic.enable=true", "critic.strategy=eng"]
+    assert problems(registry, base, "algorithm.adv_estimator=gae_like", *enabled) == []
+
+
+def test_engine_must_support_the_device(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "actor_rollout_ref.actor.strategy=gpu_only")
+    assert "actor_rollout_ref.actor.strategy='gpu_only' (package polyrl-test-plugins)" in line
+    assert "does not support trainer.device=cpu. Engines that do: eng." in line
+    assert (
+        problems(registry, base, "actor_rollout_ref.actor.strategy=gpu_only", "trainer.device=cuda")
+        == []
+    )
+
+
+def test_plugin_section_unknown_key_suggests_the_closest(
+    registry: Registry, base: list[str]
+) -> None:
+    line = one_problem(registry, base, "plugins.grp.bta=0.2")
+    assert "unknown key plugins.grp.bta for advantage_estimator 'grp'" in line
+    assert "Did you mean plugins.grp.beta?" in line and "Valid keys: beta, mode" in line
+
+
+def test_plugin_section_for_no_installed_plugin(registry: Registry, base: list[str]) -> None:
+    line = one_problem(registry, base, "plugins.gr.beta=0.2")
+    assert line == "plugins.gr configures no installed plugin. Did you mean plugins.grp?"
+
+
+# ---- required keys and files -------------------------------------------------------------------
+def test_required_keys(registry: Registry, base: list[str]) -> None:
+    found = validate_config(load_config(base[2:]), registry)
+    assert found == [
+        "actor_rollout_ref.model.path is not set: give a local Hugging Face folder or .gguf file, "
+        "actor_rollout_ref.model.path=<path>",
+        "data.train_files is not set: give a parquet file, data.train_files=<path.parquet>",
+    ]
+
+
+def test_missing_files(registry: Registry, base: list[str], files) -> None:
+    found = problems(
+        registry,
+        base,
+        f"data.train_files=[{files['train']},{files['root'] / 'gone.parquet'}]",
+        f"actor_rollout_ref.model.path={files['root'] / 'no_model'}",
+        f"custom_reward_function.path={files['root'] / 'reward.py'}",
+    )
+    assert len(found) == 3, found
+    assert any(
+        f"data.train_files: file '{files['root'] / 'gone.parquet'}' does not exist" == p
+        for p in found
+    )
+    assert any("actor_rollout_ref.model.path=" in p and "does not exist" in p for p in found)
+    assert any("custom_reward_function.path=" in p and "compute_score()" in p for p in found)
+
+
+def test_generated_datasets_are_not_looked_up(registry: Registry, base: list[str]) -> None:
+    assert problems(registry, base, "data.train_files=builtin:gsm_symbolic") == []
+
+
+def test_parquet_columns_are_checked_from_the_schema(
+    registry: Registry, base: list[str], files
+) -> None:
+    line = one_problem(registry, base, f"data.val_files={files['no_reward']}")
+    assert line.startswith(
+        f"data.val_files: '{files['no_reward']}' lacks the column(s) reward_model"
+    )
+    line = one_problem(registry, base, "data.prompt_key=question")
+    assert "lacks the column(s) question" in line
+
+
+def test_unreadable_parquet(registry: Registry, base: list[str], files) -> None:
+    line = one_problem(registry, base, f"data.train_files={files['garbage']}")
+    assert "is not a readable parquet file" in line
+
+
+def test_all_problems_are_reported_at_once(registry: Registry, base: list[str]) -> None:
+    found = problems(
+        registry,
+        base,
+        "actor_rollout_ref.actor.optim.lr=-1",
+        "actor_rollout_ref.rollout.top_p=2",
+        "algorithm.adv_estimator=nope",
+    )
+    assert len(found) == 3
+
+
+def test_summary_states_the_batch_arithmetic(base: list[str]) -> None:
+    text = summarize(load_config(base))
+    assert "algorithm: grp" in text
+    assert "batch: 8 prompts x n=4 = 32 responses per step on 1 device(s) (cpu)" in text
+    assert "2 mini-batch(es) of 16 responses" in text
