@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -85,8 +86,8 @@ def convert_gguf_cached(gguf_path: str, cache: Path) -> str:
     """The cached safetensors folder for ``gguf_path``, converting it the first time."""
     from polyrl.models.gguf import convert_gguf, estimated_seconds, gguf_fingerprint
 
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(gguf_path).stem)
-    target = cache / "gguf" / f"{stem}-{gguf_fingerprint(gguf_path)}"
+    # Keyed by content only: the same file under another name or folder reuses the conversion.
+    target = cache / "gguf" / gguf_fingerprint(gguf_path)
 
     def build(tmp: str) -> None:
         print(
@@ -96,6 +97,7 @@ def convert_gguf_cached(gguf_path: str, cache: Path) -> str:
             flush=True,
         )
         convert_gguf(gguf_path, tmp)
+        Path(tmp, "polyrl_source.json").write_text(json.dumps({"gguf": gguf_path}))
 
     return build_once(target, build)
 
