@@ -18,6 +18,7 @@ from polyrl.loggers.console import ConsoleLogger, key_figures
 from polyrl.loggers.jsonl import JsonlLogger, read_metrics
 from polyrl.loggers.values import to_float_metrics, val_rewards
 from polyrl.registry import PluginNotFoundError, Registry, get_registry, set_registry
+from polyrl.testing import LoggerConformance
 
 torch.set_num_threads(1)
 
@@ -325,3 +326,11 @@ def test_plot_reward_curve_writes_png_from_jsonl(tmp_path):
         plot_reward_curve(str(empty), str(tmp_path / "x.png"))
     with pytest.raises(DataError, match="no metrics file"):
         plot_reward_curve(str(tmp_path / "missing.jsonl"), str(tmp_path / "x.png"))
+
+
+class TestBuiltinConsoleLogger(LoggerConformance):
+    plugin_name = "console"
+
+    def check_logged(self, tmp_path, logged) -> None:
+        # line mode under pytest (stderr is captured, not a TTY); nothing is written to files
+        assert os.listdir(tmp_path) == []

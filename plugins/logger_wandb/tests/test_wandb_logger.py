@@ -14,6 +14,7 @@ import pytest
 from polyrl.errors import ConfigError
 from polyrl.interfaces.logger import LoggerContext
 from polyrl.loggers import LoggerGroup
+from polyrl.testing import LoggerConformance
 from polyrl_logger_wandb.config import WandbLoggerConfig
 from polyrl_logger_wandb.logger import RUN_ID_FILE, WandbLogger, api_key_configured, resolve_mode
 
@@ -183,3 +184,20 @@ def test_registered_through_the_entry_point():
     registration = discover().get(PluginKind.LOGGER, "wandb")
     assert registration.provenance.distribution == "polyrl-logger-wandb"
     assert registration.load() is WandbLogger
+
+
+class TestWandbConformance(LoggerConformance):
+    """The shared logger contract, with the offline history read back."""
+
+    plugin_name = "wandb"
+
+    @pytest.fixture(autouse=True)
+    def _offline(self, offline):
+        yield
+
+    def check_logged(self, tmp_path, logged) -> None:
+        (run_dir,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+        rows = _history(run_dir)
+        assert [(r["_step"], r["train/loss"]) for r in rows] == [
+            (step, metrics["train/loss"]) for step, metrics in logged
+        ]
