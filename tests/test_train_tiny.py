@@ -43,12 +43,19 @@ REQUIRED_METRICS = (
 def polyrl_train(out_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run ``python -m polyrl train recipe=tiny ...`` and fail with its output if it fails."""
     cmd = [
-        sys.executable, "-m", "polyrl", "train", "recipe=tiny",
-        f"trainer.default_local_dir={out_dir}", *overrides,
+        sys.executable,
+        "-m",
+        "polyrl",
+        "train",
+        "recipe=tiny",
+        f"trainer.default_local_dir={out_dir}",
+        *overrides,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    )
     return proc
 
 

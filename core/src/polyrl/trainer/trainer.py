@@ -250,7 +250,7 @@ class RLTrainer:
         val_before: dict[str, float] = {}
         val_after: dict[str, float] = {}
         last_checkpoint = self.resume_from
-        with LoggerGroup.from_names(list(cfg.logger), logger_ctx) as loggers:
+        with LoggerGroup.from_names(cfg.logger, logger_ctx) as loggers:
             if cfg.val_before_train and start_step == 0 and self.val_set is not None:
                 val_before = self.validate()
                 print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
@@ -295,11 +295,18 @@ class RLTrainer:
         return metrics
 
     def _plot(self, metrics_file: str) -> str | None:
-        if not os.path.exists(metrics_file):
-            return None
+        """The reward-curve PNG, or None when there is nothing to plot (a run with no steps
+        left to train); a plotting problem must not fail a finished run."""
+        from polyrl.errors import DataError
         from polyrl.plotting import plot_reward_curve
 
-        return plot_reward_curve(metrics_file, os.path.join(self.output_dir, "reward_curve.png"))
+        try:
+            return plot_reward_curve(
+                metrics_file, os.path.join(self.output_dir, "reward_curve.png")
+            )
+        except (DataError, OSError) as exc:
+            print(f"polyrl: no reward curve: {exc}", file=sys.stderr)
+            return None
 
     def close(self) -> None:
         self.workers.shutdown()
