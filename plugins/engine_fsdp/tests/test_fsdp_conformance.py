@@ -73,3 +73,24 @@ class TestFsdp2Conformance(TrainingEngineConformance):
         after, _ = engine.compute_log_prob(batch)
         assert not torch.equal(before, after), "train_step did not change the weights"
         assert after[mask].float().mean() > before[mask].float().mean()
+
+    def test_non_finite_grad_norm_skips_the_update(self, engine: Any) -> None:
+        """A NaN loss gives a NaN grad norm: weights stay, the step is reported as skipped, the
+        schedule still advances, and the next finite step trains normally."""
+        import torch
+
+        batch = self.make_batch()
+        before = {k: v.clone() for k, v in engine.named_weights()}
+
+        def nan_loss(micro_batch: Any, log_prob: Any, entropy: Any) -> Any:
+            return log_prob.sum() * float("nan"), {}
+
+        metrics = engine.train_step(batch, nan_loss)
+        assert math.isnan(metrics["actor/grad_norm"]) and metrics["actor/skipped_step"] == 1.0
+        assert engine.global_step == 1 and engine.scheduler.last_epoch == 1
+        for name, tensor in engine.named_weights():
+            assert torch.equal(tensor, before[name]), name
+        metrics = engine.train_step(batch, self.nll_loss_fn(batch))
+        assert math.isfinite(metrics["actor/grad_norm"]) and "actor/skipped_step" not in metrics
+        changed = [n for n, t in engine.named_weights() if not torch.equal(t, before[n])]
+        assert changed

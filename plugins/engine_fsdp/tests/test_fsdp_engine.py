@@ -164,6 +164,7 @@ def _scenario_resume(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     for b in batches[:2]:
         first.train_step(b, noisy_logprob_loss)
     first.save_checkpoint(ckpt_dir)
+    w_saved = {k: v.clone() for k, v in first.named_weights()}
     lrs_1 = [first.train_step(b, noisy_logprob_loss)["actor/lr"] for b in batches[2:]]
     w1 = {k: v.clone() for k, v in first.named_weights()}
     del first
@@ -173,7 +174,25 @@ def _scenario_resume(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     step_after_load = second.global_step
     lrs_2 = [second.train_step(b, noisy_logprob_loss)["actor/lr"] for b in batches[2:]]
     w2 = {k: v.clone() for k, v in second.named_weights()}
-    return {"w1": w1, "w2": w2, "lrs_1": lrs_1, "lrs_2": lrs_2, "step": step_after_load}
+    return {
+        "w_saved": w_saved,
+        "w1": w1,
+        "w2": w2,
+        "lrs_1": lrs_1,
+        "lrs_2": lrs_2,
+        "step": step_after_load,
+    }
+
+
+def _scenario_load_on_one_rank(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
+    """DCP reshards: a checkpoint written by 2 ranks loads into 1 rank."""
+    from polyrl_engine_fsdp.engine import FSDPEngine
+
+    ctx = _ctx(rank, path, mixed_precision=True)
+    ctx.world_size = world
+    engine = FSDPEngine(ctx)
+    engine.load_checkpoint(ckpt_dir)
+    return {"weights": dict(engine.named_weights()), "step": engine.global_step}
 
 
 # ---- references (single process, plain transformers) ------------------------------------------
@@ -338,3 +357,9 @@ def test_checkpoint_resume_is_bitwise_identical(tiny_models, tmp_path):
         assert list(r["w1"]) == list(r["w2"])
         for name in r["w1"]:
             assert torch.equal(r["w1"][name], r["w2"][name]), name
+    one = run_on_ranks(
+        _scenario_load_on_one_rank, 1, tiny_models["tied"], str(tmp_path / "ckpt"), timeout_s=120
+    )[0]
+    assert one["step"] == 2
+    for name, tensor in results[0]["w_saved"].items():
+        assert torch.equal(one["weights"][name], tensor), name

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -273,10 +274,14 @@ class FSDPEngine(TrainingEngine):
             norm = norm.full_tensor()
         grad_norm = float(norm)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        if math.isfinite(grad_norm):
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            if skipped:  # torch warns when the schedule moves before any optimizer.step()
+                warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
         self.global_step += 1
         return grad_norm, lr
 
