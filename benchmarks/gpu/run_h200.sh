@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU run of issue 5: `polyrl train` on H200s with FSDP2 and the HF rollout, on a randomly
+# initialised Qwen2-0.5B-shaped model, then the per-phase report. From the repo root:
+#   bash benchmarks/gpu/run_h200.sh 1 2      # one run on 1 GPU, then one on 2 GPUs
+set -euo pipefail
+model=${MODEL:-/tmp/qwen2-0.5b-random}
+out_root=${OUT:-/tmp/polyrl-gpu}
+steps=${STEPS:-6}
+[ -f "$model/config.json" ] || python3 benchmarks/gpu/make_random_model.py "$model"
+for gpus in "${@:-1}"; do
+    out="$out_root/h200_${gpus}gpu"
+    rm -rf "$out"
+    python3 -m polyrl train recipe=tiny \
+        actor_rollout_ref.model.path="$model" \
+        actor_rollout_ref.model.dtype=bfloat16 \
+        actor_rollout_ref.actor.fsdp_config.mixed_precision=true \
+        actor_rollout_ref.actor.optim.lr=1e-6 \
+        actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 \
+        actor_rollout_ref.rollout.dtype=bfloat16 \
+        actor_rollout_ref.rollout.n=8 \
+        actor_rollout_ref.rollout.micro_batch_size=256 \
+        data.train_batch_size=32 data.max_response_length=256 \
+        trainer.device=cuda trainer.n_gpus_per_node="$gpus" \
+        trainer.total_training_steps="$steps" trainer.save_freq=-1 trainer.test_freq=-1 \
+        trainer.val_before_train=false trainer.export_hf_model=false \
+        trainer.logger=[console,jsonl] trainer.default_local_dir="$out"
+    python3 benchmarks/gpu/report.py "$out" --params 494e6 --gpus "$gpus"
+done
