@@ -137,3 +137,15 @@ def test_unknown_data_source_lists_supported_and_custom_function():
     for source in ("openai/gsm8k", "lighteval/MATH", "reasoning_gym/<task>", "exact_match"):
         assert source in text
         assert source in supported_data_sources()
+
+
+def test_reasoning_gym_scorer_uses_the_task_config_of_the_rows():
+    # decimal_arithmetic accepts answers within 10**-max_num_decimal_places of the truth:
+    # 1.05 vs 1.00 is wrong at the default 3 places (tolerance 0.001), right at 1 (0.1).
+    entry = {"question": "q", "answer": "1.00", "metadata": {}}
+    source = "reasoning_gym/decimal_arithmetic"
+    assert default_compute_score(source, "<answer>1.05</answer>", "1.00", {"entry": entry}) == 0.0
+    one_place = json.dumps({"min_num_decimal_places": 1, "max_num_decimal_places": 1})
+    extra = {"entry": entry, "task_config": one_place}
+    assert default_compute_score(source, "<answer>1.05</answer>", "1.00", extra) == 1.0
+    assert default_compute_score(source, "<answer>1.2</answer>", "1.00", extra) == 0.0

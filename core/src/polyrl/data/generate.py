@@ -101,7 +101,8 @@ def reasoning_gym_rows(
 
     ``extra_info["entry"]`` holds the whole entry (question, answer, metadata) as JSON text: the
     task's scorer needs it, and JSON keeps the parquet schema uniform across tasks whose metadata
-    differ in shape.
+    differ in shape. ``extra_info["task_config"]`` (JSON) holds the task settings, which some
+    scorers read.
     """
     if prompt_style not in PROMPT_STYLES:
         raise DataError(f"prompt style {prompt_style!r}: use one of {', '.join(PROMPT_STYLES)}")
@@ -124,6 +125,7 @@ def reasoning_gym_rows(
                     "split": split,
                     "index": i,
                     "task": task,
+                    "task_config": json.dumps(config, sort_keys=True),
                     "entry": json.dumps(entry, default=_json_default),
                 },
             }

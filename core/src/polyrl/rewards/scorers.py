@@ -166,16 +166,24 @@ def math_score(solution_str: str, ground_truth: Any) -> float:
 
 # ---- reasoning-gym ------------------------------------------------------------------------------
 @lru_cache(maxsize=64)
-def _reasoning_gym_scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
+def _reasoning_gym_scorer(
+    task: str, config_json: str = ""
+) -> Callable[[str | None, dict[str, Any]], float]:
+    """The task's ``score_answer``, bound to a dataset built with the task config the rows were
+    generated with: some scorers read their config (decimal_arithmetic's decimal places,
+    time_intervals' tolerances), so the default config could score differently."""
     import reasoning_gym
+    from reasoning_gym.factory import DATASETS
 
-    try:
-        return reasoning_gym.get_score_answer_fn(task)
-    except ValueError as exc:
+    if task not in DATASETS:
         raise ValueError(
             f"reasoning-gym has no task {task!r} (data_source 'reasoning_gym/{task}'); "
             "see reasoning_gym.factory.DATASETS for the task names"
-        ) from exc
+        )
+    if not config_json:
+        return reasoning_gym.get_score_answer_fn(task)
+    config = json.loads(config_json)
+    return reasoning_gym.create_dataset(task, size=1, seed=0, **config).score_answer
 
 
 def _reasoning_gym_entry(ground_truth: Any, extra_info: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,8 +207,9 @@ def reasoning_gym_score(
     The task is the part of ``data_source`` after ``reasoning_gym/``; for a bare ``reasoning_gym``
     source it is ``extra_info["task"]`` or the entry's ``metadata.source_dataset`` (composite
     datasets). The entry (question, answer, metadata) comes from ``extra_info["entry"]`` (a dict
-    or its JSON, as :mod:`polyrl.data.generate` writes it). The answer is the response's
-    ``<answer>`` content, else its last line.
+    or its JSON, as :mod:`polyrl.data.generate` writes it), the task's settings from
+    ``extra_info["task_config"]`` (dict or JSON; default settings when absent). The answer is the
+    response's ``<answer>`` content, else its last line.
     """
     entry = _reasoning_gym_entry(ground_truth, extra_info)
     _, _, task = data_source.partition("/")
@@ -211,8 +220,12 @@ def reasoning_gym_score(
             f"data_source {data_source!r} names no reasoning-gym task: write "
             "'reasoning_gym/<task>' or put the task name in extra_info['task']"
         )
+    config = extra_info.get("task_config") or {}
+    if isinstance(config, str):
+        config = json.loads(config) if config.strip() else {}
+    config_json = json.dumps(config, sort_keys=True) if config else ""
     answer = extract_answer(solution_str)
-    return float(_reasoning_gym_scorer(task)(answer, entry))
+    return float(_reasoning_gym_scorer(task, config_json)(answer, entry))
 
 
 # ---- the tiny synthetic task --------------------------------------------------------------------
