@@ -70,6 +70,14 @@ def test_bad_settings_name_the_key(model, engine, key):
         resolve_settings(model, engine, 4)
 
 
+def test_hybrid_sharding_is_refused_and_offload_keys_combine():
+    with pytest.raises(ConfigError, match="fsdp_size=2"):
+        resolve_settings({}, {"fsdp_config": {"fsdp_size": 2}}, 4, world_size=4)
+    assert resolve_settings({}, {"fsdp_config": {"fsdp_size": 4}}, 4, world_size=4)
+    s = resolve_settings({}, {"fsdp_config": {"optimizer_offload": True}}, 4, world_size=4)
+    assert s.param_offload
+
+
 # ---- LR schedule --------------------------------------------------------------------------------
 def test_warmup_then_constant():
     s = _optim(lr_warmup_steps=4, warmup_style="constant")

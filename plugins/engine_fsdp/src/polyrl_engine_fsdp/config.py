@@ -105,7 +105,11 @@ def _positive_int(value: Any, key: str) -> int:
 
 
 def resolve_settings(
-    model: Any, engine: Any, total_training_steps: int, role: str = "actor"
+    model: Any,
+    engine: Any,
+    total_training_steps: int,
+    role: str = "actor",
+    world_size: int | None = None,
 ) -> EngineSettings:
     """Read and check the keys the engine uses (see the package README for the list).
 
@@ -163,6 +167,13 @@ def resolve_settings(
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise ConfigError(f"{prefix}.optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
 
+    fsdp_size = int(cfg_get(fsdp, "fsdp_size", -1))
+    if fsdp_size > 0 and world_size is not None and fsdp_size != world_size:
+        raise ConfigError(
+            f"{prefix}.fsdp_config.fsdp_size={fsdp_size} asks for hybrid sharding (HSDP), which "
+            f"the FSDP engine does not implement; leave it at -1 to shard over all "
+            f"{world_size} ranks"
+        )
     override = to_plain(cfg_get(model, "override_config", {})) or {}
     if not isinstance(override, dict):
         raise ConfigError(
@@ -173,7 +184,10 @@ def resolve_settings(
         dtype=DTYPES[dtype_name],
         mixed_precision=bool(cfg_get(fsdp, "mixed_precision", True)),
         reshard_after_forward=bool(cfg_get(fsdp, "reshard_after_forward", True)),
-        param_offload=bool(cfg_get(fsdp, "param_offload", False)),
+        # FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step to the
+        # CPU together, so either key turns it on.
+        param_offload=bool(cfg_get(fsdp, "param_offload", False))
+        or bool(cfg_get(fsdp, "optimizer_offload", False)),
         gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
         override_config=override,
         trust_remote_code=bool(cfg_get(model, "trust_remote_code", False)),

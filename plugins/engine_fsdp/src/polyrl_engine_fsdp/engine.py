@@ -88,7 +88,9 @@ class FSDPEngine(TrainingEngine):
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
-        self.settings = resolve_settings(ctx.model, ctx.engine, ctx.total_training_steps, ctx.role)
+        self.settings = resolve_settings(
+            ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, ctx.world_size
+        )
         self.device = _device(ctx.device)
         _ensure_process_group(ctx, self.device)
         seed_everything(ctx.seed)
