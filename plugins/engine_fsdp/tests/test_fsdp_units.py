@@ -172,5 +172,11 @@ def test_grad_and_no_grad_paths_agree_and_chunking_is_exact(monkeypatch):
     assert lp.dtype == torch.float32
     torch.testing.assert_close(lp, lp_grad.detach())
     torch.testing.assert_close(ent, ent_grad.detach())
+    # with grad, DETACHED gives grad to the log-probs only and a chunked, detached entropy
+    lp_d, ent_d = token_logprob_entropy(
+        logits.clone().requires_grad_(True), labels, 0.8, EntropyMode.DETACHED
+    )
+    assert lp_d.requires_grad and not ent_d.requires_grad
+    torch.testing.assert_close(ent_d, ent_grad.detach())
     with pytest.raises(ValueError, match="temperature"):
         token_logprob_entropy(logits, labels, 0.0)

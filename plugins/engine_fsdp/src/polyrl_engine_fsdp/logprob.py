@@ -60,9 +60,17 @@ def token_logprob_entropy(
     if entropy == EntropyMode.GRAD:
         return log_prob, _entropy(log_p)
     if entropy == EntropyMode.DETACHED:
-        with torch.no_grad():
-            return log_prob, _entropy(log_p.detach())
+        return log_prob, _chunked_entropy(log_p.detach())
     return log_prob, None
+
+
+@torch.no_grad()
+def _chunked_entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Entropy a few rows at a time: ``exp`` and the product are ``[rows, r, V]`` temporaries."""
+    rows, width, vocab = log_p.shape
+    per_chunk = max(1, _CHUNK_ELEMENTS // max(1, width * vocab))
+    parts = [_entropy(log_p[start : start + per_chunk]) for start in range(0, rows, per_chunk)]
+    return torch.cat(parts) if parts else log_p.new_zeros((0, width))
 
 
 def _chunked_no_grad(
