@@ -242,3 +242,10 @@ def test_validate_and_config_without_torch(no_torch_env, good_overrides) -> None
     done = _run(no_torch_env, "config", "trainer.device=cpu")
     assert done.returncode == 0, done.stderr
     assert "device: cpu" in done.stdout
+
+
+def test_unquoted_special_value_explains_quoting(capsys) -> None:
+    assert main(["config", "data.train_files=builtin:x?train_size=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot parse an override")
+    assert "must be quoted" in err

@@ -111,7 +111,9 @@ def one_problem(registry: Registry, base: list[str], *overrides: str) -> str:
 
 def test_good_config_has_no_problems(registry: Registry, base: list[str]) -> None:
     assert problems(registry, base) == []
-    assert problems(registry, base, "plugins.grp.beta=0.5", "data.val_files=builtin:digits") == []
+    assert (
+        problems(registry, base, "plugins.grp.beta=0.5", "data.val_files=builtin:tiny_digits") == []
+    )
 
 
 def test_validation_does_not_import_heavy_modules(registry: Registry, base: list[str]) -> None:
@@ -412,7 +414,7 @@ def test_missing_files(registry: Registry, base: list[str], files) -> None:
 
 
 def test_generated_datasets_are_not_looked_up(registry: Registry, base: list[str]) -> None:
-    assert problems(registry, base, "data.train_files=builtin:gsm_symbolic") == []
+    assert problems(registry, base, "data.train_files=builtin:reasoning_gym/gsm_symbolic") == []
 
 
 def test_parquet_columns_are_checked_from_the_schema(
@@ -447,3 +449,10 @@ def test_summary_states_the_batch_arithmetic(base: list[str]) -> None:
     assert "algorithm: grp" in text
     assert "batch: 8 prompts x n=4 = 32 responses per step on 1 device(s) (cpu)" in text
     assert "2 mini-batch(es) of 16 responses" in text
+
+
+def test_generated_dataset_must_name_a_known_generator(registry: Registry, base: list[str]) -> None:
+    pytest.importorskip("polyrl.data.generate")
+    line = one_problem(registry, base, "data.train_files=builtin:tiny_digit")
+    assert line.startswith("data.train_files: 'builtin:tiny_digit' names no built-in dataset")
+    assert "Did you mean builtin:tiny_digits?" in line

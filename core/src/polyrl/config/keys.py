@@ -95,6 +95,13 @@ def hydra_error_to_config_error(exc: Exception) -> ConfigError:
             f"unknown recipe. Available recipes: {', '.join(available_recipes())}. "
             f"({message.splitlines()[0]})"
         )
+    if type(exc).__name__ == "OverrideParseException":
+        first = message.splitlines()[0]
+        return ConfigError(
+            f"cannot parse an override ({first}). A value containing = ? , [ ] {{ }} or spaces "
+            f"must be quoted, e.g. "
+            f"'data.train_files=\"builtin:reasoning_gym/chain_sum?train_size=64\"'"
+        )
     return ConfigError(f"invalid config: {' '.join(message.split())}")
 
 

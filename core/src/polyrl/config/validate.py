@@ -354,6 +354,7 @@ def _check_data_file(checker: _Checker, key: str, path: Any, columns: list[str])
         checker.add(f"{key}: {path!r} is not a file path")
         return
     if path.startswith(GENERATED_DATA_PREFIX):
+        _check_generated_data(checker, key, path)
         return
     full = os.path.expanduser(path)
     if not os.path.exists(full):
@@ -374,6 +375,28 @@ def _check_data_file(checker: _Checker, key: str, path: Any, columns: list[str])
             f"{key}: {path!r} lacks the column(s) {', '.join(missing)} "
             f"(it has: {', '.join(schema.names)}); verl-format data needs "
             f"{', '.join(columns)} (data.prompt_key / data.reward_fn_key name the first two)"
+        )
+
+
+def _check_generated_data(checker: _Checker, key: str, spec: str) -> None:
+    """A ``builtin:<generator>[/<task>][?k=v]`` source names a known generator (nothing is
+    generated here: that happens when training starts)."""
+    try:
+        from polyrl.data.generate import GENERATORS
+        from polyrl.data.sources import parse_builtin
+    except ImportError:  # the data package is optional for validation
+        return
+    try:
+        name, _task, _params = parse_builtin(spec)
+    except PolyrlError as exc:
+        checker.add(f"{key}: {exc}")
+        return
+    if name not in GENERATORS:
+        close = difflib.get_close_matches(name, list(GENERATORS), n=1)
+        hint = f" Did you mean {GENERATED_DATA_PREFIX}{close[0]}?" if close else ""
+        checker.add(
+            f"{key}: {spec!r} names no built-in dataset generator.{hint} Available: "
+            f"{', '.join(GENERATED_DATA_PREFIX + g for g in sorted(GENERATORS))}"
         )
 
 
