@@ -221,3 +221,23 @@ def test_polyrl_data_command_writes_files(tmp_path: Path, capsys: pytest.Capture
     )
     with pytest.raises(DataError, match="--task-config is not valid JSON"):
         bad.func(bad)
+
+
+def test_prompt_styles_and_several_examples():
+    from polyrl.data.generate import ANSWER_FORMAT_SYSTEM, reasoning_gym_rows
+
+    config = {"min_terms": 2, "max_terms": 2}
+    rows = reasoning_gym_rows(
+        "chain_sum", size=2, seed=1, split="val", task_config=config, num_examples=2
+    )
+    roles = [m["role"] for m in rows[0]["prompt"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    # The examples are the same for every row and differ from the row's own problem.
+    assert rows[0]["prompt"][:5] == rows[1]["prompt"][:5]
+    assert rows[0]["prompt"][1]["content"] != rows[0]["prompt"][5]["content"]
+    plain = reasoning_gym_rows("chain_sum", size=1, seed=1, split="val", prompt_style="plain")
+    assert [m["role"] for m in plain[0]["prompt"]] == ["user"]
+    system = reasoning_gym_rows("chain_sum", size=1, seed=1, split="val", prompt_style="system")
+    assert system[0]["prompt"][0] == {"role": "system", "content": ANSWER_FORMAT_SYSTEM}
+    with pytest.raises(DataError, match="prompt style 'chatty'"):
+        reasoning_gym_rows("chain_sum", size=1, seed=1, split="val", prompt_style="chatty")

@@ -45,6 +45,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         help="fewshot: one solved example turn + answer-tag instruction (default); system: the "
         "instruction only; plain: the question only",
     )
+    rg.add_argument(
+        "--num-examples", type=int, default=1, help="solved examples in fewshot prompts"
+    )
     rg.add_argument("--out", required=True, type=Path, help="output folder")
     rg.set_defaults(func=_reasoning_gym)
 
@@ -78,6 +81,7 @@ def _reasoning_gym(args: argparse.Namespace) -> int:
         seed=args.seed,
         task_config=config,
         prompt_style=args.prompt_style,
+        num_examples=args.num_examples,
     )
     _print_written(paths, {"train": args.train_size, "val": args.val_size})
     return 0

@@ -12,7 +12,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ SPLITS = ("train", "val")
 
 #: The instruction of every reasoning-gym prompt: the scorer reads the ``<answer>`` tag.
 ANSWER_FORMAT_SYSTEM = "You give only the final answer, inside <answer></answer> tags."
-#: ``fewshot``: one solved example of the same task as a first chat turn (small models copy the
+#: ``fewshot``: solved examples of the same task as first chat turns (small models copy the
 #: format of an example far more reliably than they follow an instruction); ``system``: the
 #: instruction alone; ``plain``: the task's question alone.
 PROMPT_STYLES = ("fewshot", "system", "plain")
@@ -70,18 +70,21 @@ def _create_task_dataset(task: str, size: int, seed: int, task_config: Mapping[s
         ) from exc
 
 
-def reasoning_gym_prompt(question: str, style: str, example: Mapping[str, Any] | None) -> list:
+def reasoning_gym_prompt(
+    question: str, style: str, examples: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, str]]:
     """The chat messages of one reasoning-gym problem in the given :data:`PROMPT_STYLES`."""
     if style == "plain":
         return [{"role": "user", "content": question}]
     messages = [{"role": "system", "content": ANSWER_FORMAT_SYSTEM}]
     if style == "fewshot":
-        if example is None:
-            raise ValueError("the fewshot style needs an example entry")
-        messages += [
-            {"role": "user", "content": str(example["question"])},
-            {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"},
-        ]
+        if not examples:
+            raise ValueError("the fewshot style needs at least one example entry")
+        for example in examples:
+            messages += [
+                {"role": "user", "content": str(example["question"])},
+                {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"},
+            ]
     elif style != "system":
         raise DataError(f"prompt style {style!r}: use one of {', '.join(PROMPT_STYLES)}")
     messages.append({"role": "user", "content": question})
@@ -96,6 +99,7 @@ def reasoning_gym_rows(
     split: str,
     task_config: Mapping[str, Any] | None = None,
     prompt_style: str = "fewshot",
+    num_examples: int = 1,
 ) -> list[dict[str, Any]]:
     """verl-format rows of ``size`` problems of a reasoning-gym task.
 
@@ -108,9 +112,12 @@ def reasoning_gym_rows(
         raise DataError(f"prompt style {prompt_style!r}: use one of {', '.join(PROMPT_STYLES)}")
     config = dict(task_config or {})
     dataset = _create_task_dataset(task, size, seed, config)
-    example = None
+    examples: list[dict[str, Any]] = []
     if prompt_style == "fewshot":
-        example = _create_task_dataset(task, 1, seed + _FEWSHOT_SEED_OFFSET, config)[0]
+        if num_examples < 1:
+            raise DataError(f"the fewshot prompt style needs num_examples >= 1, got {num_examples}")
+        shots = _create_task_dataset(task, num_examples, seed + _FEWSHOT_SEED_OFFSET, config)
+        examples = [shots[i] for i in range(num_examples)]
     category = getattr(dataset, "category", "other")
     rows = []
     for i in range(size):
@@ -118,7 +125,7 @@ def reasoning_gym_rows(
         rows.append(
             {
                 "data_source": f"reasoning_gym/{task}",
-                "prompt": reasoning_gym_prompt(str(entry["question"]), prompt_style, example),
+                "prompt": reasoning_gym_prompt(str(entry["question"]), prompt_style, examples),
                 "ability": f"reasoning_gym/{category}",
                 "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
                 "extra_info": {
@@ -150,6 +157,7 @@ def write_reasoning_gym(
     seed: int = 1,
     task_config: Mapping[str, Any] | None = None,
     prompt_style: str = "fewshot",
+    num_examples: int = 1,
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``val.parquet`` of a reasoning-gym task into ``out_dir``.
 
@@ -166,6 +174,7 @@ def write_reasoning_gym(
             split=split,
             task_config=task_config,
             prompt_style=prompt_style,
+            num_examples=num_examples,
         )
         paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
     return paths
@@ -234,11 +243,14 @@ def _gen_reasoning_gym(out_dir: Path, params: dict[str, Any], task: str | None) 
     options = dict(params)
     sizes = {k: int(options.pop(k)) for k in ("train_size", "val_size", "seed") if k in options}
     style = str(options.pop("prompt_style", "fewshot"))
+    shots = int(options.pop("num_examples", 1))
     config = options.pop("task_config", None) or {}
     if isinstance(config, str):
         config = json.loads(config)
     config.update(options)  # every other option is a setting of the task's config
-    return write_reasoning_gym(task, out_dir, task_config=config, prompt_style=style, **sizes)
+    return write_reasoning_gym(
+        task, out_dir, task_config=config, prompt_style=style, num_examples=shots, **sizes
+    )
 
 
 GENERATORS: dict[str, Callable[[Path, dict[str, Any], str | None], dict[str, Path]]] = {
