@@ -210,3 +210,14 @@ def test_naive_provider_builtin_and_custom(user_file: Path):
         NaiveRewardProvider(
             RewardContext(reward_model=rm, custom_reward_function={"path": "/nonexistent.py"})
         )
+
+
+def test_builtin_libraries_load_before_the_first_sample_timeout():
+    # `import reasoning_gym` takes seconds; workers do it at start-up, outside any sample's
+    # timeout, so even a short timeout scores the first reasoning-gym sample.
+    entry = {"question": "Calculate 2 + 3.", "answer": "5", "metadata": {}}
+    sample = RewardSample(
+        0, "reasoning_gym/basic_arithmetic", "<answer>5</answer>", "5", {"entry": entry}
+    )
+    with RewardRunner(ScorerRef(), num_workers=1, timeout_s=1.0, on_error="raise") as runner:
+        assert runner.score([sample])[0].score == 1.0

@@ -27,8 +27,9 @@ class ScorerRef:
 
     def load(self) -> ScoreFn:
         if self.path is None:
-            from polyrl.rewards.scorers import default_compute_score
+            from polyrl.rewards.scorers import default_compute_score, preload
 
+            preload()
             return default_compute_score
         return load_custom_function(self.path, self.name)
 

@@ -23,6 +23,7 @@ Supported ``data_source`` values (see :func:`supported_data_sources`):
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import threading
@@ -251,6 +252,21 @@ def tiny_digits_score(solution_str: str, ground_truth: Any) -> dict[str, float]:
         "digit_frac": digits / n,
         "target_frac": hits / n,
     }
+
+
+# ---- warm-up ------------------------------------------------------------------------------------
+def preload() -> None:
+    """Import the libraries the built-in scorers use (where installed).
+
+    Reward workers call this at start-up, before they report ready: ``import reasoning_gym``
+    takes seconds (10 s on a loaded 2-core machine), and inside a sample's timeout it would make
+    the first samples time out, and their replacement workers too.
+    """
+    for module in ("math_verify", "reasoning_gym"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
 
 
 # ---- dispatch -----------------------------------------------------------------------------------
