@@ -299,12 +299,13 @@ def default_compute_score(
     if source in GSM8K_SOURCES:
         method = str(extra.get("answer_extraction", "strict"))
         return gsm8k_score(solution_str, ground_truth, method=method)
-    if source in MATH_SOURCES or "math" in source.lower().split("/")[-1].split("-"):
-        return math_score(solution_str, ground_truth)
     if source.startswith("reasoning_gym"):
         return reasoning_gym_score(source, solution_str, ground_truth, extra)
     if source == TINY_DIGITS_SOURCE:
         return tiny_digits_score(solution_str, ground_truth)
+    # Listed MATH sources, and other hub names whose last part is MATH-something (MATH-500 ...).
+    if source in MATH_SOURCES or "math" in source.lower().split("/")[-1].split("-"):
+        return math_score(solution_str, ground_truth)
     raise ValueError(
         f"no built-in scorer for data_source {source!r}. Built-in: "
         f"{', '.join(supported_data_sources())}. For another source, write a function "
