@@ -46,6 +46,8 @@ def _shard(batch: Batch, rank: int) -> Batch:
 
 def _ctx(rank: int, path: str, **engine_overrides: object) -> EngineContext:
     mixed = bool(engine_overrides.pop("mixed_precision", False))
+    device = str(engine_overrides.pop("device", "cpu"))
+    checkpointing = bool(engine_overrides.pop("gradient_checkpointing", False))
     optim = {
         "lr": LR,
         "betas": [0.9, 0.99],
@@ -67,14 +69,14 @@ def _ctx(rank: int, path: str, **engine_overrides: object) -> EngineContext:
     model = {
         "dtype": "bfloat16" if mixed else "float32",
         "override_config": {},
-        "enable_gradient_checkpointing": False,
+        "enable_gradient_checkpointing": checkpointing,
     }
     return EngineContext(
         role="actor",
         model_path=path,
         model=model,
         engine=engine,
-        device="cpu",
+        device=device,
         rank=rank,
         world_size=WORLD,
         seed=7,
