@@ -69,8 +69,12 @@ def data_and_model(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     pq.write_table(table, root / "train.parquet")
     (root / "model").mkdir()
     return [
+        "~recipe",  # the schema's defaults, with explicit batch sizes: independent of any recipe
         f"data.train_files={root / 'train.parquet'}",
         f"actor_rollout_ref.model.path={root / 'model'}",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     ]
 
 
