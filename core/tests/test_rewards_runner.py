@@ -221,3 +221,8 @@ def test_builtin_libraries_load_before_the_first_sample_timeout():
     )
     with RewardRunner(ScorerRef(), num_workers=1, timeout_s=1.0, on_error="raise") as runner:
         assert runner.score([sample])[0].score == 1.0
+
+
+def test_no_timeout_when_timeout_s_is_zero(user_file: Path):
+    with RewardRunner(ScorerRef(str(user_file), "as_float"), num_workers=1, timeout_s=0) as runner:
+        assert [r.score for r in runner.score(_samples(["ok", "no"]))] == [1.0, 0.0]

@@ -193,7 +193,9 @@ class RewardRunner:
             now = time.monotonic()
             deadlines = [w.task[1] if w.task else w.started_at + STARTUP_TIMEOUT_S for w in busy]
             waitables: list[Any] = [w.conn for w in busy] + [w.process.sentinel for w in busy]
-            ready = set(wait(waitables, timeout=max(0.0, min(deadlines) - now)))
+            nearest = min(deadlines)
+            timeout = None if nearest == float("inf") else max(0.0, nearest - now)
+            ready = set(wait(waitables, timeout=timeout))
             for worker in busy:
                 if worker.conn in ready or worker.process.sentinel in ready:
                     self._receive(worker, ids, outcomes)
