@@ -456,3 +456,11 @@ def test_generated_dataset_must_name_a_known_generator(registry: Registry, base:
     line = one_problem(registry, base, "data.train_files=builtin:tiny_digit")
     assert line.startswith("data.train_files: 'builtin:tiny_digit' names no built-in dataset")
     assert "Did you mean builtin:tiny_digits?" in line
+
+
+def test_builtin_models_are_checked_by_name(registry: Registry, base: list[str]) -> None:
+    pytest.importorskip("polyrl.models.resolve")
+    assert problems(registry, base, "actor_rollout_ref.model.path=builtin:tiny@3") == []
+    line = one_problem(registry, base, "actor_rollout_ref.model.path=builtin:smol")
+    assert line.startswith("actor_rollout_ref.model.path='builtin:smol' is not a built-in model")
+    assert "builtin:smollm2-135m-instruct" in line

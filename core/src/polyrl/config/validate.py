@@ -329,9 +329,30 @@ def _check_model(checker: _Checker) -> None:
         checker.add(f"{key}={path!r} must be a string path")
         return
     if path.startswith(GENERATED_DATA_PREFIX):
+        _check_builtin_model(checker, key, path)
         return
     if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
         checker.add(f"{key}={path!r} does not exist: give an existing model folder or .gguf file")
+
+
+def _check_builtin_model(checker: _Checker, key: str, path: str) -> None:
+    """``builtin:<name>`` models: the name is known and, for SmolLM2, its weights are installed
+    (located through package metadata; nothing is converted or loaded here)."""
+    try:
+        from polyrl.models import resolve
+    except ImportError:
+        return
+    name, _, seed = path[len(GENERATED_DATA_PREFIX) :].partition("@")
+    if name not in resolve.BUILTIN_NAMES:
+        known = ", ".join(GENERATED_DATA_PREFIX + n for n in resolve.BUILTIN_NAMES)
+        checker.add(f"{key}={path!r} is not a built-in model; the built-in models are: {known}")
+    elif name == "tiny" and seed and not seed.isdigit():
+        checker.add(f"{key}={path!r}: the seed after '@' must be an integer, e.g. builtin:tiny@1")
+    elif name == resolve.SMOLLM2_NAME:
+        try:
+            resolve.smollm2_gguf_path()
+        except PolyrlError as exc:
+            checker.add(f"{key}={path!r}: {exc}")
 
 
 def _check_data(checker: _Checker) -> None:
