@@ -10,7 +10,7 @@ steps=${STEPS:-6}
 for gpus in "${@:-1}"; do
     out="$out_root/h200_${gpus}gpu"
     rm -rf "$out"
-    python3 -m polyrl train recipe=tiny \
+    timeout "${RUN_TIMEOUT:-300}" python3 -m polyrl train recipe=tiny \
         actor_rollout_ref.model.path="$model" \
         actor_rollout_ref.model.dtype=bfloat16 \
         actor_rollout_ref.actor.fsdp_config.mixed_precision=true \

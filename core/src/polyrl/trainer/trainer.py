@@ -304,7 +304,7 @@ class RLTrainer:
             return plot_reward_curve(
                 metrics_file, os.path.join(self.output_dir, "reward_curve.png")
             )
-        except (DataError, OSError) as exc:
+        except (DataError, OSError, ImportError) as exc:
             print(f"polyrl: no reward curve: {exc}", file=sys.stderr)
             return None
 
