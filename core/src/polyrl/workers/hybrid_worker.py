@@ -208,9 +208,11 @@ class HybridWorker:
         totals = loss_norm_totals(
             response_mask, max_len=int(self.cfg.data.max_response_length)
         )
-        counts = torch.tensor([totals["num_seqs"], totals["num_tokens"]], dtype=torch.float64)
-        dist.all_reduce(counts)
-        counts = (counts / self.world_size).clamp(min=1.0 / self.world_size)
+        counts = torch.tensor(
+            [totals["num_seqs"], totals["num_tokens"]], dtype=torch.float64, device=self.device
+        )
+        dist.all_reduce(counts)  # NCCL reduces CUDA tensors only: counts live on the device
+        counts = (counts / self.world_size).clamp(min=1.0 / self.world_size).cpu()
         return {
             "num_seqs": float(counts[0]),
             "num_tokens": float(counts[1]),
