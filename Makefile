@@ -1,15 +1,21 @@
 # The two commands of the README: `make train` (the embedded default, offline, on CPU) and
 # `make test` (the test suite). Both install into ./.venv first when needed.
-VENV := .venv
+VENV ?= .venv
 STAMP := $(VENV)/.polyrl-installed
 SOURCES := $(wildcard core/pyproject.toml plugins/*/pyproject.toml) scripts/install.sh
+# Offline and quiet: no hub downloads, no usage reporting, wandb offline, gloo on loopback.
+export RAY_AUTH_MODE = disabled
+export RAY_USAGE_STATS_ENABLED = 0
+export MASTER_ADDR = 127.0.0.1
+export WANDB_MODE = offline
+export HF_HUB_OFFLINE = 1
 
 .PHONY: install train test lint
 
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
-	bash scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fsdp_tiny_model import VOCAB, build_tiny_model
 
-from polyrl.testing.conformance import TrainingEngineConformance, _scalar
+from polyrl.testing.conformance import TrainingEngineConformance
 
 _MODEL_DIR: dict[str, str] = {}
 
@@ -57,22 +57,6 @@ class TestFsdp2Conformance(TrainingEngineConformance):
             total_training_steps=4,
         )
         return FSDPEngine(ctx)
-
-    def test_train_step_raises_likelihood(self, engine: Any) -> None:
-        """The suite's test looks for bare ``grad_norm``/``lr`` keys; polyrl's trainer logs
-        verl's names ``actor/grad_norm`` and ``actor/lr``, which this engine returns. Same
-        checks, with those names."""
-        import torch
-
-        batch = self.make_batch()
-        mask = batch["response_mask"] > 0
-        before, _ = engine.compute_log_prob(batch)
-        metrics = engine.train_step(batch, self.nll_loss_fn(batch))
-        for key in ("actor/grad_norm", "actor/lr"):
-            assert key in metrics and math.isfinite(_scalar(metrics[key])), key
-        after, _ = engine.compute_log_prob(batch)
-        assert not torch.equal(before, after), "train_step did not change the weights"
-        assert after[mask].float().mean() > before[mask].float().mean()
 
     def test_non_finite_grad_norm_skips_the_update(self, engine: Any) -> None:
         """A NaN loss gives a NaN grad norm: weights stay, the step is reported as skipped, the

@@ -76,7 +76,8 @@ class TrainingEngine(ABC):
     ) -> dict[str, float]:
         """One optimizer step on ``mini_batch``: split into micro-batches (by count or token
         budget), forward with grad, ``loss_fn``, backward, clip, step the optimizer and LR
-        schedule. Returns averaged ``loss_fn`` metrics plus ``grad_norm`` and ``lr``."""
+        schedule. Returns averaged ``loss_fn`` metrics plus ``actor/grad_norm`` (before clipping)
+        and ``actor/lr``, verl's metric names."""
 
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

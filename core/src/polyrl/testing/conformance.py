@@ -590,7 +590,7 @@ class TrainingEngineConformance(_PluginConformance):
         mask = batch["response_mask"] > 0
         before, _ = engine.compute_log_prob(batch)
         metrics = engine.train_step(batch, self.nll_loss_fn(batch))
-        for key in ("grad_norm", "lr"):
+        for key in ("actor/grad_norm", "actor/lr"):
             assert key in metrics and math.isfinite(_scalar(metrics[key])), key
         after, _ = engine.compute_log_prob(batch)
         assert not torch.equal(before, after), "train_step did not change the weights"
