@@ -89,7 +89,13 @@ class WorkerGroup:
         # On CPU the workers share the machine's cores: give each its share of threads (Ray's
         # default of one thread per actor would leave cores idle when there are fewer workers).
         threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // world_size)
-        env = {"OMP_NUM_THREADS": str(threads), "MASTER_ADDR": master_addr}
+        env = {
+            "OMP_NUM_THREADS": str(threads),
+            "MASTER_ADDR": master_addr,
+            # transformers' per-load progress bars, repeated by every worker, would bury the
+            # run's own progress display.
+            "HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+        }
         self.workers = [
             remote_cls.options(
                 scheduling_strategy=strategy(rank),
