@@ -164,10 +164,11 @@ def test_builtin_reasoning_gym_rows_are_scorable(tmp_path: Path, monkeypatch):
         entry = json.loads(row["extra_info"]["entry"])
         assert entry["metadata"]["num_terms"] == 2  # the task option reached the task config
         messages = row["prompt"]
-        # fewshot: instruction, a solved example of the same task, then the question.
-        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+        # fewshot: instruction, two solved examples of the same task, then the question.
+        roles = ["system", "user", "assistant", "user", "assistant", "user"]
+        assert [m["role"] for m in messages] == roles
         assert messages[2]["content"].startswith("<answer>")
-        assert messages[3]["content"] == entry["question"]
+        assert messages[-1]["content"] == entry["question"]
         truth = row["reward_model"]["ground_truth"]
         right = default_compute_score(
             row["data_source"], f"<answer>{truth}</answer>", truth, row["extra_info"]
@@ -228,13 +229,13 @@ def test_prompt_styles_and_several_examples():
 
     config = {"min_terms": 2, "max_terms": 2}
     rows = reasoning_gym_rows(
-        "chain_sum", size=2, seed=1, split="val", task_config=config, num_examples=2
+        "chain_sum", size=2, seed=1, split="val", task_config=config, num_examples=3
     )
     roles = [m["role"] for m in rows[0]["prompt"]]
-    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert roles == ["system", *(["user", "assistant"] * 3), "user"]
     # The examples are the same for every row and differ from the row's own problem.
-    assert rows[0]["prompt"][:5] == rows[1]["prompt"][:5]
-    assert rows[0]["prompt"][1]["content"] != rows[0]["prompt"][5]["content"]
+    assert rows[0]["prompt"][:7] == rows[1]["prompt"][:7]
+    assert rows[0]["prompt"][1]["content"] != rows[0]["prompt"][7]["content"]
     plain = reasoning_gym_rows("chain_sum", size=1, seed=1, split="val", prompt_style="plain")
     assert [m["role"] for m in plain[0]["prompt"]] == ["user"]
     system = reasoning_gym_rows("chain_sum", size=1, seed=1, split="val", prompt_style="system")

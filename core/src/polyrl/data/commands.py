@@ -46,7 +46,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         "instruction only; plain: the question only",
     )
     rg.add_argument(
-        "--num-examples", type=int, default=1, help="solved examples in fewshot prompts"
+        "--num-examples", type=int, default=2, help="solved examples in fewshot prompts"
     )
     rg.add_argument("--out", required=True, type=Path, help="output folder")
     rg.set_defaults(func=_reasoning_gym)

@@ -26,6 +26,10 @@ ANSWER_FORMAT_SYSTEM = "You give only the final answer, inside <answer></answer>
 #: format of an example far more reliably than they follow an instruction); ``system``: the
 #: instruction alone; ``plain``: the task's question alone.
 PROMPT_STYLES = ("fewshot", "system", "plain")
+#: Solved examples in a fewshot prompt. SmolLM2-135M-Instruct on 2-term one-digit sums, greedy:
+#: 7/16 right with two examples, 4/16 with one (examples copy their answer's shape, e.g. a
+#: negative example answer draws negative answers).
+DEFAULT_NUM_EXAMPLES = 2
 #: Seed offset of the few-shot example, so that it is not one of the problems of the splits.
 _FEWSHOT_SEED_OFFSET = 1_000_003
 
@@ -99,7 +103,7 @@ def reasoning_gym_rows(
     split: str,
     task_config: Mapping[str, Any] | None = None,
     prompt_style: str = "fewshot",
-    num_examples: int = 1,
+    num_examples: int = DEFAULT_NUM_EXAMPLES,
 ) -> list[dict[str, Any]]:
     """verl-format rows of ``size`` problems of a reasoning-gym task.
 
@@ -157,7 +161,7 @@ def write_reasoning_gym(
     seed: int = 1,
     task_config: Mapping[str, Any] | None = None,
     prompt_style: str = "fewshot",
-    num_examples: int = 1,
+    num_examples: int = DEFAULT_NUM_EXAMPLES,
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``val.parquet`` of a reasoning-gym task into ``out_dir``.
 
@@ -243,7 +247,7 @@ def _gen_reasoning_gym(out_dir: Path, params: dict[str, Any], task: str | None) 
     options = dict(params)
     sizes = {k: int(options.pop(k)) for k in ("train_size", "val_size", "seed") if k in options}
     style = str(options.pop("prompt_style", "fewshot"))
-    shots = int(options.pop("num_examples", 1))
+    shots = int(options.pop("num_examples", DEFAULT_NUM_EXAMPLES))
     config = options.pop("task_config", None) or {}
     if isinstance(config, str):
         config = json.loads(config)
