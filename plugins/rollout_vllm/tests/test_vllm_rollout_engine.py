@@ -87,6 +87,9 @@ def engine(models):
     print(f"\nvLLM engine start: {eng.start_seconds:.1f} s")
     yield eng
     eng.close()
+    # The worker's process group outlives the engine (vLLM's own shutdown would destroy it).
+    assert dist.is_initialized()
+    dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -98,10 +98,10 @@ def test_engine_args_from_verl_keys_on_cpu(tmp_path):
         seed=5,
         engine_kwargs={"vllm": {"block_size": 32}, "sglang": {"x": 1}},
     )
-    args = build_engine_args(cfg, model_path=path, device="cpu", max_model_len=300, seed=0)
+    args = build_engine_args(cfg, model_path=path, device="cpu", max_model_len=300, seed=0, rank=2)
     assert args["model"] == path and args["tokenizer"] == path
     assert args["dtype"] == "float32"
-    assert args["seed"] == 5
+    assert args["seed"] == 5 + 2 * 1_000_003  # each rank its own default stream
     assert args["max_num_seqs"] == 8
     assert args["max_num_batched_tokens"] == 300  # raised to max_model_len
     assert args["max_model_len"] == 300

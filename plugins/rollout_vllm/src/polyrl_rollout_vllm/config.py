@@ -7,7 +7,7 @@ keys to vLLM's arguments is readable in one place:
 ``actor_rollout_ref.rollout.<key>``            ``vllm.LLM(...)`` argument
 =============================================  ============================================
 ``dtype``                                      ``dtype``
-``seed``                                       ``seed``
+``seed``                                       ``seed`` (+ 1_000_003 x rank)
 ``gpu_memory_utilization``                     ``gpu_memory_utilization`` (CUDA only, see below)
 ``tensor_model_parallel_size``                 ``tensor_parallel_size``
 ``enforce_eager``                              ``enforce_eager``
@@ -37,6 +37,8 @@ LOGPROBS_MODE = "processed_logprobs"
 # machine's total RAM, which fails on a shared machine). Estimated from the config, within bounds.
 CPU_KV_CACHE_MIN_BYTES = 64 << 20
 CPU_KV_CACHE_MAX_BYTES = 2 << 30
+
+SEED_STRIDE = 1_000_003
 
 _DTYPES = {"bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float", "auto"}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -119,6 +121,7 @@ def build_engine_args(
     device: str,
     max_model_len: int,
     seed: int,
+    rank: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` from the rollout config node (see the module table)."""
     dtype = str(cfg_get(config, "dtype", "bfloat16")).lower()
@@ -139,7 +142,8 @@ def build_engine_args(
         "model": model_path,
         "tokenizer": model_path,
         "dtype": dtype,
-        "seed": int(cfg_get(config, "seed", seed)),
+        # Each rank its own default sampling stream (requests without a seed), as the hf rollout.
+        "seed": int(cfg_get(config, "seed", seed)) + SEED_STRIDE * int(rank),
         "tensor_parallel_size": tp,
         "enforce_eager": bool(cfg_get(config, "enforce_eager", True)),
         # vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill.

@@ -18,6 +18,7 @@ nothing, on purpose and without errors.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -71,7 +72,11 @@ class VLLMRolloutEngine(RolloutEngine):
             device=ctx.device,
             max_model_len=self.max_model_len,
             seed=int(ctx.seed),
+            rank=int(ctx.rank),
         )
+        # vLLM joins an existing default process group (the worker's) instead of making one; then
+        # close() must leave that group alive for the trainer.
+        self.owns_process_group = not torch.distributed.is_initialized()
         start = time.perf_counter()
         self.llm = LLM(**self.engine_args)
         self.start_seconds = time.perf_counter() - start
@@ -251,12 +256,31 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
+        """Release the engine. vLLM's full shutdown (also run by a finalizer when the engine is
+        garbage-collected) destroys torch's default process group; when that group belongs to the
+        worker (it existed before the engine), the finalizer is detached and only vLLM's own parts
+        are torn down: executor, scheduler and its model-parallel subgroups (vLLM 0.32 internals;
+        without them the full shutdown runs)."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        self.llm = None
+        client = llm.llm_engine.engine_core
+        core = getattr(client, "engine_core", None)
+        finalizer = getattr(client, "_finalizer", None)
         try:
-            llm.llm_engine.engine_core.shutdown()
+            if self.owns_process_group or core is None or finalizer is None:
+                client.shutdown()
+            else:
+                finalizer.detach()
+                from vllm.distributed import destroy_model_parallel
+
+                core.structured_output_manager.clear_backend()
+                core.model_executor.shutdown()
+                core.scheduler.shutdown()
+                destroy_model_parallel()
         finally:
-            self.llm = None
+            del llm, client, core
+            gc.collect()
             if self.on_cuda and torch.cuda.is_available():
                 torch.cuda.empty_cache()
