@@ -242,3 +242,15 @@ def test_collate_left_pads(tmp_path: Path, tokenizer: Any):
     assert batch["extra_info"][1] == {"split": "train", "index": 1}
     assert batch["raw_prompt"][0] == short.raw_prompt
     assert list(batch["data_source"]) == ["openai/gsm8k"] * 2
+
+
+def test_prompt_key_and_reward_fn_key_pick_other_columns(tmp_path: Path, tokenizer: Any):
+    row = _row(0)
+    row["question"] = row.pop("prompt")
+    row["task"] = "exact_match"
+    path = _write(tmp_path / "renamed.parquet", [row])
+    item = RLDataset(path, tokenizer, _cfg(prompt_key="question", reward_fn_key="task"))[0]
+    assert item.data_source == "exact_match"
+    assert item.raw_prompt.endswith("What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(DataError, match=r"data\.reward_fn_key='src'"):
+        RLDataset(path, tokenizer, _cfg(prompt_key="question", reward_fn_key="src"))

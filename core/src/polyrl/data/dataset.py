@@ -23,7 +23,6 @@ from polyrl.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-REQUIRED_COLUMNS = ("data_source", "reward_model")
 TRUNCATION_MODES = ("error", "left", "right")
 
 
@@ -53,7 +52,8 @@ class RLDataset:
     """Prompts of one or more verl-format parquet files, tokenized.
 
     ``data_cfg`` is the ``data`` config node (or any object/dict with its keys):
-    ``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``
+    ``prompt_key``, ``reward_fn_key`` (the column naming the scorer, default ``data_source``),
+    ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``
     (``error`` | ``left`` | ``right``) and ``apply_chat_template``.
     """
 
@@ -63,6 +63,8 @@ class RLDataset:
             raise DataError("no data files given: set data.train_files / data.val_files")
         self.tokenizer = tokenizer
         self.prompt_key = str(_cfg(data_cfg, "prompt_key", "prompt"))
+        # verl's data.reward_fn_key: the column whose value picks the scorer (data_source).
+        self.source_key = str(_cfg(data_cfg, "reward_fn_key", "data_source"))
         self.max_prompt_length = int(_cfg(data_cfg, "max_prompt_length", 512))
         self.filter_overlong = bool(_cfg(data_cfg, "filter_overlong_prompts", True))
         self.truncation = str(_cfg(data_cfg, "truncation", "error"))
@@ -138,16 +140,17 @@ class RLDataset:
                 f"{file}: not a readable parquet file ({type(exc).__name__}: {exc})"
             ) from exc
         columns = set(table.column_names)
-        missing = [c for c in (*REQUIRED_COLUMNS, self.prompt_key) if c not in columns]
+        required = (self.source_key, self.prompt_key, "reward_model")
+        missing = [c for c in required if c not in columns]
         if missing:
-            hint = (
-                f" (the prompt column is data.prompt_key={self.prompt_key!r})"
-                if self.prompt_key in missing
-                else ""
-            )
+            hint = ""
+            if self.prompt_key in missing:
+                hint += f" (the prompt column is data.prompt_key={self.prompt_key!r})"
+            if self.source_key in missing and self.source_key != "data_source":
+                hint += f" (the scorer column is data.reward_fn_key={self.source_key!r})"
             raise DataError(
                 f"{file}: missing column(s) {', '.join(repr(m) for m in missing)}{hint}; "
-                f"it has {sorted(columns)}. A verl-format file needs data_source, "
+                f"it has {sorted(columns)}. A verl-format file needs {self.source_key}, "
                 f"{self.prompt_key} (list of {{role, content}}), reward_model "
                 "({style, ground_truth}) and optionally ability and extra_info."
             )
@@ -162,9 +165,9 @@ class RLDataset:
                 f"{file}: row {row} (0-based), column {column!r}: expected {expected}, got {shown}"
             )
 
-        data_source = record.get("data_source")
+        data_source = record.get(self.source_key)
         if not isinstance(data_source, str) or not data_source:
-            raise bad("data_source", "a non-empty string", data_source)
+            raise bad(self.source_key, "a non-empty string", data_source)
 
         messages = record.get(self.prompt_key)
         if isinstance(messages, str):
