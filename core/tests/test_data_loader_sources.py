@@ -177,6 +177,9 @@ def test_builtin_reasoning_gym_rows_are_scorable(tmp_path: Path, monkeypatch):
             row["data_source"], "<answer>banana</answer>", truth, row["extra_info"]
         )
         assert (right, wrong) == (1.0, 0.0)
+    (val,) = resolve_data_files(spec, "val")
+    val_prompt = pq.read_table(val).to_pylist()[0]["prompt"]
+    assert val_prompt[:-1] == rows[0]["prompt"][:-1]  # the same examples in both splits
     with pytest.raises(DataError, match="no task 'nonesuch'"):
         resolve_data_files("builtin:reasoning_gym/nonesuch", "train")
     with pytest.raises(DataError, match="rejected the settings"):

@@ -104,13 +104,15 @@ def reasoning_gym_rows(
     task_config: Mapping[str, Any] | None = None,
     prompt_style: str = "fewshot",
     num_examples: int = DEFAULT_NUM_EXAMPLES,
+    example_seed: int | None = None,
 ) -> list[dict[str, Any]]:
     """verl-format rows of ``size`` problems of a reasoning-gym task.
 
     ``extra_info["entry"]`` holds the whole entry (question, answer, metadata) as JSON text: the
     task's scorer needs it, and JSON keeps the parquet schema uniform across tasks whose metadata
     differ in shape. ``extra_info["task_config"]`` (JSON) holds the task settings, which some
-    scorers read.
+    scorers read. The fewshot examples come from ``example_seed`` (default: derived from
+    ``seed``); pass the same one for every split so that train and val prompts match.
     """
     if prompt_style not in PROMPT_STYLES:
         raise DataError(f"prompt style {prompt_style!r}: use one of {', '.join(PROMPT_STYLES)}")
@@ -120,7 +122,8 @@ def reasoning_gym_rows(
     if prompt_style == "fewshot":
         if num_examples < 1:
             raise DataError(f"the fewshot prompt style needs num_examples >= 1, got {num_examples}")
-        shots = _create_task_dataset(task, num_examples, seed + _FEWSHOT_SEED_OFFSET, config)
+        shot_seed = seed + _FEWSHOT_SEED_OFFSET if example_seed is None else example_seed
+        shots = _create_task_dataset(task, num_examples, shot_seed, config)
         examples = [shots[i] for i in range(num_examples)]
     category = getattr(dataset, "category", "other")
     rows = []
@@ -166,7 +169,8 @@ def write_reasoning_gym(
     """Write ``train.parquet`` and ``val.parquet`` of a reasoning-gym task into ``out_dir``.
 
     The splits use different seeds (``seed`` and ``seed + 1``); on tasks with few distinct problems
-    (e.g. one-digit sums) they can still share questions.
+    (e.g. one-digit sums) they can still share questions. Both splits use the same fewshot
+    examples.
     """
     sizes = {"train": train_size, "val": val_size}
     paths = {}
@@ -179,6 +183,7 @@ def write_reasoning_gym(
             task_config=task_config,
             prompt_style=prompt_style,
             num_examples=num_examples,
+            example_seed=seed + _FEWSHOT_SEED_OFFSET,
         )
         paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
     return paths
