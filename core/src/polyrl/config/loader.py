@@ -31,7 +31,7 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose(config_name=PRIMARY_CONFIG, overrides=overrides)
-    except Exception as exc:  # noqa: BLE001 - hydra raises several types; all become ConfigError
+    except Exception as exc:
         raise hydra_error_to_config_error(exc) from exc
     finally:
         GlobalHydra.instance().clear()

@@ -205,9 +205,7 @@ class HybridWorker:
         data parallelism performs yields exactly the global token/sequence mean."""
         from polyrl.algorithms.loss_agg import loss_norm_totals
 
-        totals = loss_norm_totals(
-            response_mask, max_len=int(self.cfg.data.max_response_length)
-        )
+        totals = loss_norm_totals(response_mask, max_len=int(self.cfg.data.max_response_length))
         counts = torch.tensor(
             [totals["num_seqs"], totals["num_tokens"]], dtype=torch.float64, device=self.device
         )
