@@ -47,8 +47,7 @@ class Batch:
         if key in self.non_tensors:
             return self.non_tensors[key]
         raise KeyError(
-            f"batch has no field {key!r}; it has "
-            f"{sorted(self.tensors) + sorted(self.non_tensors)}"
+            f"batch has no field {key!r}; it has {sorted(self.tensors) + sorted(self.non_tensors)}"
         )
 
     def __setitem__(self, key: str, value: Any) -> None:
