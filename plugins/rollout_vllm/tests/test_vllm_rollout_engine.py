@@ -279,6 +279,31 @@ def test_weight_sync_from_another_checkpoint(base_engine, hf_base, models):
         assert (got - old).abs().max() > 50 * ATOL
 
 
+def test_bad_weight_streams_block_generation_until_a_complete_sync(base_engine, hf_base):
+    """A sync that fails midway (unknown name, wrong shape) or stops early must not leave a
+    silently half-updated engine: it raises, generation refuses, and a complete sync repairs it."""
+    from polyrl.interfaces import SamplingParams
+    from polyrl_rollout_vllm.weights import WeightSyncError
+
+    seqs = _fixed_sequences()
+    want = _hf_scores(hf_base, seqs)
+    state = list(hf_base.state_dict().items())
+    _, prompts = _prompts()
+    bad_streams = {
+        "no module or parameter named": [("model.layers.0.bogus.weight", torch.zeros(3)), *state],
+        "has shape": [(k, v[:-1] if k.endswith("o_proj.weight") else v) for k, v in state],
+        "must hold the full model": state[:5],
+    }
+    for message, stream in bad_streams.items():
+        with pytest.raises(WeightSyncError, match=message):
+            base_engine.update_weights(iter(stream))
+        with pytest.raises(WeightSyncError, match="call update_weights"):
+            base_engine.generate(prompts, SamplingParams(max_new_tokens=2))
+        base_engine.update_weights(iter(state))
+        for got, expected in zip(base_engine.score_log_probs(seqs), want):
+            assert torch.allclose(got, expected, atol=ATOL, rtol=0)
+
+
 def test_weight_sync_from_fsdp_trainer(base_engine, models):
     """The real trainer -> vLLM path: an FSDP2 engine (1 rank, gloo) takes an optimizer step,
     then streams named_weights() into vLLM; vLLM's log-probs of fixed prompt+response tokens must

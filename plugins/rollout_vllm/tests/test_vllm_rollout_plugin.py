@@ -201,3 +201,23 @@ def test_assemble_rollout_layout_by_hand():
 def test_position_ids_by_hand():
     mask = torch.tensor([[0, 0, 1, 1, 0]])
     assert position_ids_for(mask).tolist() == [[0, 0, 0, 1, 1]]
+
+
+def test_weight_stream_checker_against_the_checkpoint(tmp_path):
+    from safetensors.torch import save_file
+
+    from polyrl_rollout_vllm.weights import (
+        WeightStreamChecker,
+        WeightSyncError,
+        checkpoint_manifest,
+    )
+
+    save_file({"a.weight": torch.zeros(2, 3), "b.bias": torch.zeros(4)}, tmp_path / "m.safetensors")
+    manifest = checkpoint_manifest(str(tmp_path))
+    assert manifest == {"a.weight": (2, 3), "b.bias": (4,)}
+    checker = WeightStreamChecker(manifest, str(tmp_path))
+    checker.check("a.weight", torch.ones(2, 3))
+    checker.check("lm_head.weight", torch.ones(5))  # not in the checkpoint: left to vLLM
+    assert checker.missing() == ["b.bias"]
+    with pytest.raises(WeightSyncError, match=r"'b.bias' has shape \(5,\) from the trainer"):
+        checker.check("b.bias", torch.ones(5))

@@ -37,6 +37,7 @@ from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
 from polyrl_rollout_vllm.config import build_engine_args
 from polyrl_rollout_vllm.errors import VLLMNotInstalledError
 from polyrl_rollout_vllm.layout import assemble_rollout, strip_left_padding
+from polyrl_rollout_vllm.weights import WeightStreamChecker, WeightSyncError, checkpoint_manifest
 
 try:
     import vllm
@@ -56,7 +57,17 @@ def _reload_weights_on_worker(worker: Any, weights: Iterable[tuple[str, torch.Te
     lm_head ...) through vLLM's in-place reload, which afterwards re-runs the per-layer weight
     processing (on CPU: re-packing the GEMM weights for oneDNN, which plain ``load_weights`` would
     leave stale)."""
-    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    try:
+        worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    except BaseException:
+        # Put real tensors back on every layer (the old ones where nothing arrived), so that the
+        # engine stays usable for the next, complete sync instead of holding meta tensors.
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(worker.model_runner.get_model(), worker.model_config)
+        raise
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -83,7 +94,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self._check_in_process()
         self.sleep_enabled = self.on_cuda and bool(self.engine_args.get("enable_sleep_mode"))
         self.sleep_level = 0  # 0: awake
-        self.weights_discarded = False  # after sleep(2) until update_weights()
+        # Why generate() must not run (set by sleep(2) or a failed sync), or None.
+        self.weights_invalid: str | None = None
+        self.manifest = checkpoint_manifest(ctx.model_path)
         self.last_sync: dict[str, float] = {}
         logger.info(
             "vLLM %s engine for %s started in %.1f s (%s, dtype %s)",
@@ -112,10 +125,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"sampling needs n >= 1 and max_new_tokens >= 1, got n={params.n}, "
                 f"max_new_tokens={params.max_new_tokens}"
             )
-        if self.weights_discarded:
-            raise PolyrlError(
-                "sleep(level=2) discarded the vLLM weights; call update_weights() before generate()"
-            )
+        self._require_valid_weights()
         if self.sleep_level:
             self.wake_up()
         rows = strip_left_padding(prompts["input_ids"], prompts["attention_mask"])
@@ -185,8 +195,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Teacher-forced log-probs ``log p(seq[t] | seq[:t])`` for ``t >= 1`` under the current
         weights at temperature 1 (vLLM's prompt log-probs). Used to check a weight sync against the
         trainer, and handy to recompute rollout log-probs without sampling."""
-        if self.weights_discarded:
-            raise PolyrlError("call update_weights() after sleep(level=2) before scoring")
+        self._require_valid_weights()
         if self.sleep_level:
             self.wake_up()
         requests = [{"prompt_token_ids": list(map(int, seq))} for seq in sequences]
@@ -201,30 +210,61 @@ class VLLMRolloutEngine(RolloutEngine):
             )
         return result
 
+    def _require_valid_weights(self) -> None:
+        if self.weights_invalid:
+            raise WeightSyncError(
+                f"{self.weights_invalid}; call update_weights() with the full weights first"
+            )
+
     # ---- weight sync -------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream ``(hf_name, full_tensor)`` pairs into the model, one at a time, then drop the
-        prefix cache (its KV entries were computed with the old weights)."""
+        prefix cache (its KV entries were computed with the old weights). A failed or incomplete
+        stream raises :class:`WeightSyncError` and blocks generation until a complete sync."""
         if self.sleep_level and self.sleep_enabled:
             # Weights must be resident (level 1 offloaded them, level 2 dropped them).
             self.llm.wake_up(tags=["weights"])
         stats = {"tensors": 0, "bytes": 0}
+        checker = WeightStreamChecker(self.manifest, self.ctx.model_path)
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in named_tensors:
                 if hasattr(tensor, "full_tensor"):  # a sharded DTensor: gather it first
                     tensor = tensor.full_tensor()
+                checker.check(name, tensor)
                 stats["tensors"] += 1
                 stats["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
         start = time.perf_counter()
-        with torch.no_grad():
-            self.llm.collective_rpc(_reload_weights_on_worker, args=(counted(),))
-        self.llm.reset_prefix_cache()
-        if stats["tensors"] == 0:
-            raise PolyrlError("update_weights() received no tensors; the weight stream was empty")
-        self.weights_discarded = False
+        try:
+            with torch.no_grad():
+                self.llm.collective_rpc(_reload_weights_on_worker, args=(counted(),))
+        except Exception as exc:
+            self.weights_invalid = (
+                f"the last weight sync failed after {stats['tensors']} tensors "
+                f"({type(exc).__name__}: {exc}) and left the weights partly updated"
+            )
+            if isinstance(exc, WeightSyncError):
+                raise
+            raise WeightSyncError(
+                f"weight sync into vLLM failed: {type(exc).__name__}: {exc}. The trainer must "
+                f"stream Hugging Face state-dict names and shapes of the model in "
+                f"{self.ctx.model_path}"
+            ) from exc
+        finally:
+            self.llm.reset_prefix_cache()
+        missing = checker.missing()
+        if missing:
+            self.weights_invalid = (
+                f"the last weight sync left out {len(missing)} of {len(self.manifest)} tensors "
+                f"(e.g. {missing[:3]})"
+            )
+            raise WeightSyncError(
+                f"update_weights() received {stats['tensors']} tensors but not {len(missing)} "
+                f"the model has, e.g. {missing[:3]}: the weight stream must hold the full model"
+            )
+        self.weights_invalid = None
         seconds = time.perf_counter() - start
         self.last_sync = {
             "tensors": float(stats["tensors"]),
@@ -245,7 +285,8 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         self.llm.sleep(level=level)
         self.sleep_level = level
-        self.weights_discarded = level == 2
+        if level == 2:
+            self.weights_invalid = "sleep(level=2) discarded the vLLM weights"
 
     def wake_up(self) -> None:
         """Restore what :meth:`sleep` freed (all of it: weights and KV cache)."""
