@@ -291,3 +291,27 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_dirs, engine, prompts):
     assert torch.equal(sampled["responses"], again["responses"])
     cuda_engine.update_weights(engine.model.state_dict().items())  # CPU tensors into a GPU model
     cuda_engine.close()
+
+
+def test_reads_the_real_rollout_config_node(tiny_dirs, prompts):
+    from omegaconf import OmegaConf
+
+    from polyrl.config.schema import RolloutConfig
+
+    node = OmegaConf.structured(RolloutConfig)
+    node.micro_batch_size = 2
+    ctx = RolloutContext(
+        model_path=tiny_dirs[0],
+        config=node,
+        device="cpu",
+        rank=0,
+        world_size=1,
+        pad_token_id=PAD_TOKEN_ID,
+        eos_token_ids=[],  # empty: the engine falls back to the model's own EOS id
+    )
+    engine = HFRolloutEngine(ctx)
+    assert engine.dtype == torch.bfloat16  # the schema's default
+    assert engine.micro_batch_size == 2
+    assert engine.eos_token_ids == [EOS_TOKEN_ID]
+    out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=3, seed=0))
+    assert out["responses"].shape == (9, 3)
