@@ -61,8 +61,11 @@ def engine(models):
     from polyrl_rollout_vllm.engine import VLLMRolloutEngine
 
     # As in the hybrid worker: the process group exists before the engines are built.
-    if not dist.is_initialized():
+    created_group = not dist.is_initialized()
+    if created_group:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    # vLLM's CPU worker turns torch.set_num_threads into a no-op; give it back to later tests.
+    set_num_threads = torch.set_num_threads
     cfg = RolloutConfig(
         name="vllm",
         dtype="float32",
@@ -87,9 +90,11 @@ def engine(models):
     print(f"\nvLLM engine start: {eng.start_seconds:.1f} s")
     yield eng
     eng.close()
+    torch.set_num_threads = set_num_threads
     # The worker's process group outlives the engine (vLLM's own shutdown would destroy it).
     assert dist.is_initialized()
-    dist.destroy_process_group()
+    if created_group:
+        dist.destroy_process_group()
 
 
 @pytest.fixture
