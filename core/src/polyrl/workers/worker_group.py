@@ -29,6 +29,10 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     """Start (or join, when ``RAY_ADDRESS`` is set) Ray with quiet, offline-friendly defaults."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts its workers at nice 15; here the workers ARE the compute (engines), so on a
+    # machine with any other load they starve (measured: engine calls 16x slower at load 8 on
+    # 2 cores, benchmarks/README.md). Only applies when this process starts the local Ray.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
