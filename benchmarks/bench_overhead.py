@@ -1,0 +1,253 @@
+"""How much of a polyrl training step is framework overhead rather than engine work?
+
+The same config runs twice, each in its own process, through polyrl's real trainer
+(:class:`polyrl.trainer.trainer.RLTrainer`, the real stage pipeline):
+
+* ``ray``:   the normal path, workers are Ray actors;
+* ``local``: the worker lives in the driver process (a one-rank stand-in for the worker group
+  that calls its methods directly): no Ray calls, no serialisation, no process boundary.
+
+In both, the worker is :class:`TimedHybridWorker`, a subclass of polyrl's HybridWorker that times
+the engines' own calls (rollout ``generate``, actor ``compute_log_prob`` / ``train_step``,
+rollout ``update_weights`` including the weight gather that feeds it). After each step the driver
+collects those times outside the timed step.
+
+Per phase, the driver's ``timing_s/<phase>`` minus the engine time inside it is overhead:
+data movement through the controller (splitting, concatenating, padding and copying batches,
+``.to("cpu")``), Ray calls and serialisation, and in ``reward``/``adv`` the scoring and advantage
+computation on the driver. ``ray`` minus ``local`` is what Ray and the process boundary cost.
+
+Usage: ``python benchmarks/bench_overhead.py [--recipe tiny|quickstart] [--steps 6]
+[--warmup 1] [hydra overrides ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ENGINE_CALLS = {
+    # worker attribute, method, engine phase, the driver phase it runs in
+    ("rollout", "generate"): ("gen", "gen"),
+    ("actor", "compute_log_prob"): ("old_log_prob", "old_log_prob"),
+    ("ref", "compute_log_prob"): ("ref", "ref"),
+    ("actor", "train_step"): ("update_actor", "update_actor"),
+    ("rollout", "update_weights"): ("update_weights", "update_weights"),
+}
+
+
+def _timed_worker_class() -> type:
+    from polyrl.workers.hybrid_worker import HybridWorker
+
+    class TimedHybridWorker(HybridWorker):
+        """HybridWorker whose engines' calls are timed (wall time, per phase, summed)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._engine_s: dict[str, float] = defaultdict(float)
+            for (owner, method), (phase, _) in ENGINE_CALLS.items():
+                target = getattr(self, owner, None)
+                if target is not None:
+                    setattr(target, method, self._timed(phase, getattr(target, method)))
+
+        def _timed(self, phase: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self._engine_s[phase] += time.perf_counter() - start
+
+            return wrapper
+
+        def pop_engine_timings(self) -> dict[str, float]:
+            out = dict(self._engine_s)
+            self._engine_s.clear()
+            return out
+
+    return TimedHybridWorker
+
+
+class LocalWorkerGroup:
+    """One rank in the driver process, with WorkerGroup's constructor and ``call``."""
+
+    def __init__(
+        self, worker_cls: type, *, world_size: int, device: str, init_kwargs: dict[str, Any]
+    ) -> None:
+        if world_size != 1:
+            raise SystemExit("the local mode runs one worker: pass trainer.n_gpus_per_node=1")
+        self.world_size = 1
+        os.environ["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # what WorkerGroup gives 1 rank
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.worker = worker_cls(
+            rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, **init_kwargs
+        )
+
+    def call(self, method: str, *args: Any, dispatch: Any = None, timeout_s: Any = None) -> Any:
+        from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
+
+        mode = dispatch or Dispatch.BROADCAST
+        (rank_args,) = split_args(mode, 1, args)
+        return gather_outputs(mode, [getattr(self.worker, method)(*rank_args)])
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+
+
+def child(mode: str, recipe: str, overrides: list[str], out: str) -> None:
+    """Train with the timed worker; write per-step driver and engine times to ``out``."""
+    import polyrl.trainer.trainer as trainer_mod
+    from polyrl.config import load_config
+
+    trainer_mod.HybridWorker = _timed_worker_class()
+    if mode == "local":
+        trainer_mod.WorkerGroup = LocalWorkerGroup
+        trainer_mod.ensure_ray = lambda **_: None
+    cfg = load_config([f"recipe={recipe}", *overrides])
+    records: list[dict[str, float]] = []
+    original = trainer_mod.RLTrainer._train_step
+
+    def train_step(self: Any, step: int) -> dict[str, float]:
+        metrics = original(self, step)
+        per_rank = self.workers.call("pop_engine_timings")
+        record = {k: v for k, v in metrics.items() if k.startswith("timing_s/")}
+        record["tokens"] = metrics["perf/total_num_tokens"]
+        for phase in {p for rank in per_rank for p in rank}:
+            # ranks run in parallel: the slowest one bounds the phase
+            record[f"engine_s/{phase}"] = max(rank.get(phase, 0.0) for rank in per_rank)
+        records.append(record)
+        return metrics
+
+    trainer_mod.RLTrainer._train_step = train_step
+    trainer = trainer_mod.RLTrainer(cfg)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    Path(out).write_text(json.dumps(records))
+
+
+def derive(record: dict[str, float]) -> dict[str, float]:
+    """Per-step overheads: driver phase time minus the engine time inside it."""
+    phases = [k.removeprefix("timing_s/") for k in record if k.startswith("timing_s/")]
+    phases = [p for p in phases if p != "step"]
+    out = dict(record)
+    for phase in phases:
+        out[f"overhead_s/{phase}"] = record[f"timing_s/{phase}"] - record.get(
+            f"engine_s/{phase}", 0
+        )
+    out["timing_s/(between stages)"] = record["timing_s/step"] - sum(
+        record[f"timing_s/{p}"] for p in phases
+    )
+    out["overhead_s/(between stages)"] = out["timing_s/(between stages)"]
+    out["engine_s/total"] = sum(v for k, v in record.items() if k.startswith("engine_s/"))
+    out["overhead_s/total"] = record["timing_s/step"] - out["engine_s/total"]
+    return out
+
+
+def table(name: str, records: list[dict[str, float]], warmup: int) -> dict[str, float]:
+    """Print medians over the measured steps (each column's median of per-step values)."""
+    measured = [derive(r) for r in (records[warmup:] or records)]
+    med = {
+        key: statistics.median(r.get(key, 0.0) for r in measured)
+        for key in sorted({k for r in measured for k in r})
+    }
+    step = med["timing_s/step"]
+    print(
+        f"\n[{name}] median over {len(measured)} steps: step {step:.3f} s, "
+        f"{med['tokens'] / step:.0f} tokens/s"
+    )
+    print(
+        f"  {'phase':18s} {'driver s':>9s} {'engine s':>9s} {'overhead s':>10s} {'% of step':>9s}"
+    )
+    phases = [k.removeprefix("timing_s/") for k in med if k.startswith("timing_s/")]
+    for phase in [p for p in phases if p != "step"] + ["total"]:
+        driver = step if phase == "total" else med[f"timing_s/{phase}"]
+        engine = med.get(f"engine_s/{phase}", 0.0)
+        over = med[f"overhead_s/{phase}"]
+        print(f"  {phase:18s} {driver:9.3f} {engine:9.3f} {over:10.3f} {100 * over / step:8.1f}%")
+    med["overhead_share"] = med["overhead_s/total"] / step
+    return med
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="tiny")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--modes", default="ray,local")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", choices=("ray", "local"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args(argv)
+    if args.child:
+        child(args.child, args.recipe, overrides, args.out)
+        return 0
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="polyrl-overhead-"))
+    work.mkdir(parents=True, exist_ok=True)
+    common = [
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.export_hf_model=false",
+        "trainer.logger=[jsonl]",
+    ]
+    load = os.getloadavg()[0]
+    print(
+        f"recipe={args.recipe}, {args.steps} steps, 1 worker; load average {load:.1f}; "
+        f"logs in {work}",
+        flush=True,
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    summary = {}
+    for mode in args.modes.split(","):
+        out = work / f"{mode}.json"
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            mode,
+            "--recipe",
+            args.recipe,
+            "--out",
+            str(out),
+            *common,
+            f"trainer.default_local_dir={work / mode}",
+            *overrides,
+        ]
+        with open(work / f"{mode}.log", "w") as log:
+            code = subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if code:
+            print((work / f"{mode}.log").read_text()[-3000:])
+            return code
+        summary[mode] = table(mode, json.loads(out.read_text()), args.warmup)
+    if "ray" in summary and "local" in summary:
+        r, loc = summary["ray"]["timing_s/step"], summary["local"]["timing_s/step"]
+        print(
+            f"\nRay and the process boundary: {r - loc:+.3f} s per step "
+            f"({100 * (r - loc) / r:.1f}% of the Ray step)"
+        )
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
