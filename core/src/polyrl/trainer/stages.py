@@ -13,6 +13,7 @@ import torch
 
 from polyrl.batch import Batch
 from polyrl.interfaces import RewardProvider, RewardSample, SamplingParams
+from polyrl.seeding import derive_seed
 from polyrl.trainer.pipeline import StepPipeline, StepState
 from polyrl.workers.dispatch import Dispatch
 from polyrl.workers.hybrid_worker import MODEL_INPUT_KEYS, TRAIN_KEYS, is_on_policy, needs_reference
@@ -41,7 +42,7 @@ def training_sampling_params(cfg: Any, step: int) -> SamplingParams:
         top_k=int(rollout.top_k),
         max_new_tokens=int(cfg.data.max_response_length),
         greedy=not rollout.do_sample,
-        seed=int(cfg.trainer.seed) * 100_003 + step,
+        seed=derive_seed(int(cfg.trainer.seed), "rollout", step),
     )
 
 
@@ -128,6 +129,22 @@ class OldLogProbStage:
             dispatch=Dispatch.DP_SPLIT,
         )
         state.batch = state.batch.union(out)
+        if "rollout_log_probs" in state.batch:
+            state.metrics.update(rollout_mismatch_metrics(state.batch))
+
+
+def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+    """How far the rollout engine's sampling probabilities are from the trainer's for the same
+    tokens (verl's ``training/rollout_probs_diff_*``): near zero when weight sync and numerics
+    agree; a growing gap means the sampler runs stale or different weights."""
+    mask = batch["response_mask"].bool()
+    diff = (batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_max": float(diff.max()),
+    }
 
 
 class RefLogProbStage:

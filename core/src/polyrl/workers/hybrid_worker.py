@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from polyrl.batch import Batch
 from polyrl.interfaces import EngineContext, RolloutContext, SamplingParams
 from polyrl.registry import get_registry
+from polyrl.seeding import derive_seed
 from polyrl.specs import PluginKind
 
 # Keys the engines need for a forward pass; the rest of a batch stays on the driver.
@@ -135,9 +136,8 @@ class HybridWorker:
         self.rollout.wake_up()
         try:
             if params.seed is not None:
-                params = SamplingParams(
-                    **{**params.__dict__, "seed": params.seed + 7919 * self.rank}
-                )
+                rank_seed = derive_seed(params.seed, "rank", self.rank)
+                params = SamplingParams(**{**params.__dict__, "seed": rank_seed})
             out = self.rollout.generate(
                 prompts.select_keys(("input_ids", "attention_mask")), params
             )
