@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polyrl.errors import ConfigError
+from polyrl.fsutil import atomic_write_text, fsync_path
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 MARKER_FILE = "COMPLETE"
@@ -71,46 +72,18 @@ def _polyrl_version() -> str:
     return __version__
 
 
-def _fsync_path(path: str) -> None:
-    """fsync a file or a directory (a directory's fsync makes renames/creations in it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: str) -> None:
     """fsync every file and folder under ``root`` (bottom-up, so each folder after its entries)."""
     for folder, _dirs, files in os.walk(root, topdown=False):
         for name in files:
             path = os.path.join(folder, name)
             if not os.path.islink(path):
-                _fsync_path(path)
-        _fsync_path(folder)
+                fsync_path(path)
+        fsync_path(folder)
 
 
 def _random_tag() -> str:
     return base64.b32encode(os.urandom(5)).decode().lower()
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old content or the new, never a part:
-    temporary file in the same folder, fsync, rename over, fsync the folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_path(folder)
 
 
 def step_of(path: str) -> int | None:
@@ -205,7 +178,7 @@ class CheckpointManager:
             json.dump(marker, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_path(staging)
+        fsync_path(staging)
 
         final = self.step_path(step)
         old: str | None = None
@@ -213,7 +186,7 @@ class CheckpointManager:
             old = os.path.join(self.root_dir, f"{STEP_PREFIX}{step}.old-{_random_tag()}")
             os.rename(final, old)
         os.rename(staging, final)
-        _fsync_path(self.root_dir)
+        fsync_path(self.root_dir)
         self._write_latest_file()
         if old is not None:
             self._remove(old)
@@ -245,7 +218,7 @@ class CheckpointManager:
         step = match.group(1) if match else "x"
         doomed = os.path.join(self.root_dir, f"{STEP_PREFIX}{step}.del-{_random_tag()}")
         os.rename(path, doomed)
-        _fsync_path(self.root_dir)
+        fsync_path(self.root_dir)
         shutil.rmtree(doomed, ignore_errors=True)
 
     # ---- reading ---------------------------------------------------------------------------
@@ -294,7 +267,7 @@ class CheckpointManager:
                 os.unlink(path)
                 removed.append(path)
         if removed:
-            _fsync_path(self.root_dir)
+            fsync_path(self.root_dir)
             _log.info(
                 "removed %d leftovers of interrupted saves under %s", len(removed), self.root_dir
             )

@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from typing import Any
 
+from polyrl.fsutil import atomic_write_text, fsync_path
 from polyrl.interfaces.logger import LoggerContext, MetricsLogger
 from polyrl.loggers.values import finite_or_none, to_float_metrics
 
@@ -41,14 +41,6 @@ _log = logging.getLogger(__name__)
 def metrics_path(log_dir: str) -> str:
     """Where the jsonl logger writes, given the run's ``trainer.default_local_dir``."""
     return os.path.join(log_dir, METRICS_FILE)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _parse(line: str) -> dict[str, Any] | None:
@@ -75,19 +67,7 @@ def truncate_after(path: str, step: int) -> int:
     dropped = len(lines) - len(kept)
     if dropped == 0:
         return 0
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".jsonl.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write("".join(line + "\n" for line in kept))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
     return dropped
 
 
@@ -162,7 +142,7 @@ class JsonlLogger(MetricsLogger):
         existed = os.path.exists(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
         if not existed:
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            fsync_path(os.path.dirname(os.path.abspath(self.path)))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._fh.closed:
