@@ -22,7 +22,7 @@ from polyrl.algorithms.loss_agg import (
     check_loss_agg_mode,
     loss_norm_totals,
 )
-from polyrl.algorithms.policy_loss import clip_ratios, vanilla_policy_loss
+from polyrl.algorithms.policy_loss import clip_ratios, clipped_surrogate, vanilla_policy_loss
 
 __all__ = [
     "KL_KINDS",
@@ -35,6 +35,7 @@ __all__ = [
     "cfg_get",
     "check_loss_agg_mode",
     "clip_ratios",
+    "clipped_surrogate",
     "kl_penalty",
     "loss_norm_totals",
     "make_actor_loss_fn",

@@ -35,6 +35,24 @@ def clip_ratios(config: Any) -> tuple[float, float]:
     return low, high
 
 
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic per-token bound ``max(-A * r, -A * clip(r, 1 - low, 1 + high))`` with
+    ``r = exp(log_ratio)``, and a boolean tensor (no gradient) of where the clipped branch was
+    taken, for the ``pg_clipfrac`` metric.
+
+    Shared by every ratio-clipping loss (token ratios here, GSPO's sequence ratio in the
+    algo_grpo plugin): they differ only in how ``log_ratio`` is formed and what they add on top.
+    """
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    with torch.no_grad():
+        clipped = loss_clipped > loss_unclipped
+    return torch.maximum(loss_unclipped, loss_clipped), clipped
+
+
 def vanilla_policy_loss(
     *,
     old_log_prob: torch.Tensor,
@@ -59,20 +77,16 @@ def vanilla_policy_loss(
         )
 
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
-    ppo_loss = torch.maximum(loss_unclipped, loss_clipped)
+    ppo_loss, clipped = clipped_surrogate(log_ratio, advantages, low, high)
     dual_bound = -advantages * clip_c
     negative = advantages < 0
     loss_mat = torch.where(negative, torch.minimum(ppo_loss, dual_bound), ppo_loss)
     loss_mat = torch.where(response_mask != 0, loss_mat, torch.zeros_like(loss_mat))
 
     with torch.no_grad():
-        clipped = (loss_clipped > loss_unclipped).to(log_prob.dtype)
         dual_clipped = (negative & (ppo_loss > dual_bound)).to(log_prob.dtype)
         metrics = {
-            "pg_clipfrac": masked_mean(clipped, response_mask),
+            "pg_clipfrac": masked_mean(clipped.to(log_prob.dtype), response_mask),
             "pg_clipfrac_lower": masked_mean(dual_clipped, response_mask),
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from polyrl.algorithms import clip_ratios, masked_mean
+from polyrl.algorithms import clip_ratios, clipped_surrogate, masked_mean
 
 LOG_SEQ_RATIO_MAX = 10.0  # exp(10) ~ 2.2e4: enough to be clipped, far from overflow
 
@@ -47,15 +47,11 @@ def gspo_policy_loss(
         - log_prob.detach()
         + torch.clamp(seq_log_ratio, max=LOG_SEQ_RATIO_MAX).detach().unsqueeze(-1)
     )
-    ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
-    loss_mat = torch.maximum(loss_unclipped, loss_clipped)
+    loss_mat, clipped = clipped_surrogate(log_ratio, advantages, low, high)
     loss_mat = torch.where(mask != 0, loss_mat, torch.zeros_like(loss_mat))
     with torch.no_grad():
-        clipped = (loss_clipped > loss_unclipped).to(log_prob.dtype)
         metrics = {
-            "pg_clipfrac": masked_mean(clipped, mask),
+            "pg_clipfrac": masked_mean(clipped.to(log_prob.dtype), mask),
             "ppo_kl": masked_mean(-token_log_ratio, mask),
         }
     return loss_mat, metrics
