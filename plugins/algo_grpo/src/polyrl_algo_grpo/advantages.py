@@ -17,13 +17,14 @@ filtering can leave one sample), so we keep them neutral.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from polyrl.algorithms import cfg_get
-from polyrl_algo_grpo.grouping import group_stats
+from polyrl_algo_grpo.grouping import GroupStats, group_stats
 
 GRPO_EPSILON = 1e-6
 
@@ -36,13 +37,27 @@ def _check(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> No
         )
 
 
-def _broadcast(per_response: torch.Tensor, like: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return per_response.to(like.dtype).unsqueeze(-1) * mask.to(like.dtype)
-
-
 def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     mask = response_mask.to(token_level_rewards.dtype)
     return torch.where(mask != 0, token_level_rewards * mask, 0.0).sum(dim=-1)
+
+
+def _group_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    centre: Callable[[torch.Tensor, GroupStats], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frame every estimator here shares: one float64 score per response, its group's
+    statistics, ``centre(scores, stats)`` (the estimator's own formula) with singletons set to 0,
+    broadcast to the response tokens (0 on padding); ``returns`` equal the advantages."""
+    _check(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, response_mask).to(torch.float64)
+    stats = group_stats(scores, index)
+    centred = torch.where(stats.size > 1, centre(scores, stats), 0.0)
+    dtype = token_level_rewards.dtype
+    adv = centred.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
+    return adv, adv.clone()
 
 
 @torch.no_grad()
@@ -60,15 +75,13 @@ def grpo_advantage(
     A group whose scores are all equal (all right, all wrong) gets advantage 0: it carries no
     signal. A singleton group gets 0 (see the module doc).
     """
-    _check(token_level_rewards, response_mask)
-    scores = _scores(token_level_rewards, response_mask)
-    stats = group_stats(scores, index)
-    centred = scores.to(torch.float64) - stats.mean
-    if bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)):
-        centred = centred / (stats.std + GRPO_EPSILON)
-    centred = torch.where(stats.size > 1, centred, 0.0)
-    adv = _broadcast(centred, token_level_rewards, response_mask)
-    return adv, adv.clone()
+    by_std = bool(cfg_get(config, "norm_adv_by_std_in_grpo", True))
+
+    def centre(scores: torch.Tensor, stats: GroupStats) -> torch.Tensor:
+        centred = scores - stats.mean
+        return centred / (stats.std + GRPO_EPSILON) if by_std else centred
+
+    return _group_outcome_advantage(token_level_rewards, response_mask, index, centre)
 
 
 @torch.no_grad()
@@ -86,12 +99,9 @@ def drgrpo_advantage(
     std), a difficulty bias; Dr.GRPO drops it, and pairs this with the ``seq-mean-token-sum-norm``
     aggregation (its spec's ``default_loss_agg_mode``) to remove the length bias too.
     """
-    _check(token_level_rewards, response_mask)
-    scores = _scores(token_level_rewards, response_mask)
-    stats = group_stats(scores, index)
-    centred = torch.where(stats.size > 1, scores.to(torch.float64) - stats.mean, 0.0)
-    adv = _broadcast(centred, token_level_rewards, response_mask)
-    return adv, adv.clone()
+    return _group_outcome_advantage(
+        token_level_rewards, response_mask, index, lambda scores, stats: scores - stats.mean
+    )
 
 
 @torch.no_grad()
@@ -108,10 +118,9 @@ def rloo_advantage(
     The leave-one-out baseline does not depend on the sample itself, so the estimate stays
     unbiased; it equals ``n/(n-1) * (s_i - mean_g)``. A singleton has no others: advantage 0.
     """
-    _check(token_level_rewards, response_mask)
-    scores = _scores(token_level_rewards, response_mask).to(torch.float64)
-    stats = group_stats(scores, index)
-    others = (stats.total - scores) / (stats.size - 1).clamp_min(1)
-    centred = torch.where(stats.size > 1, scores - others, 0.0)
-    adv = _broadcast(centred, token_level_rewards, response_mask)
-    return adv, adv.clone()
+
+    def centre(scores: torch.Tensor, stats: GroupStats) -> torch.Tensor:
+        others = (stats.total - scores) / (stats.size - 1).clamp_min(1)
+        return scores - others
+
+    return _group_outcome_advantage(token_level_rewards, response_mask, index, centre)
