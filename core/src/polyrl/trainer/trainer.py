@@ -31,6 +31,7 @@ from polyrl.workers.hybrid_worker import HybridWorker
 from polyrl.workers.worker_group import WorkerGroup, ensure_ray
 
 DEFAULT_LOSS_AGG_MODE = "token-mean"
+OPTIONAL_STAGE_TIMINGS = ("old_log_prob", "ref")
 
 
 @dataclass
@@ -289,6 +290,10 @@ class RLTrainer:
         start = time.perf_counter()
         self.pipeline.run(state)
         state.timing["step"] = time.perf_counter() - start
+        # Stages this config leaves out (the reference without a KL term, old log-probs of an
+        # on-policy update) took no time: report 0 so every run has the same timing keys.
+        for name in OPTIONAL_STAGE_TIMINGS:
+            state.timing.setdefault(name, 0.0)
         metrics = dict(state.metrics)
         metrics.update(data_metrics(state.batch))
         metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
