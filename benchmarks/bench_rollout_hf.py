@@ -45,36 +45,10 @@ def model_folder(name: str, workdir: str) -> str:
     if name == "smollm2":
         return resolve_model_path("builtin:smollm2-135m-instruct")
     if name == "qwen2-0.5b-random":
-        return random_qwen2_half_b(f"{workdir}/qwen2-0.5b-random")
+        from polyrl.models.shapes import build_random_model
+
+        return build_random_model(f"{workdir}/qwen2-0.5b-random", "qwen2-0.5b")
     return resolve_model_path(name)
-
-
-def random_qwen2_half_b(out_dir: str) -> str:
-    """Qwen2-0.5B's published shape with random weights, plus the tiny model's tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    from polyrl.models import build_tiny_model
-    from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
-
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(f"{out_dir}-tok"))
-    config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        eos_token_id=EOS_TOKEN_ID,
-        pad_token_id=PAD_TOKEN_ID,
-        rope_theta=1000000.0,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def encode_prompts(folder: str, count: int):

@@ -1,7 +1,7 @@
 """A tiny random Qwen2 with an offline byte-level BPE tokenizer, and batches in polyrl's layout.
 
-Head dim 64 (2 heads x 64 = hidden 128) because vLLM's CPU attention needs it later; tied
-embeddings like small Qwen2 / SmolLM2.
+polyrl's ``tiny`` shape (head dim 64, which vLLM's CPU attention needs later) with this file's
+smaller tokenizer; tied embeddings by default, like small Qwen2 / SmolLM2.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ VOCAB = 272
 
 def build_tiny_model(path: str, tie: bool = True, seed: int = 0) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    from polyrl.models.shapes import random_model_config
 
     os.makedirs(path, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -33,14 +35,9 @@ def build_tiny_model(path: str, tie: bool = True, seed: int = 0) -> str:
     fast.save_pretrained(path)
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = random_model_config(
+        "tiny",
         vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
         max_position_embeddings=256,
         tie_word_embeddings=tie,
         eos_token_id=fast.eos_token_id,

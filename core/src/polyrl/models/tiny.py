@@ -115,24 +115,16 @@ def _build_tokenizer(out_dir: Path) -> int:
 
 
 def tiny_config(vocab_size: int):  # -> transformers.Qwen2Config
-    """The tiny Qwen2 shape: hidden 128, 2 heads of dim 64 (vLLM's CPU kernels reject smaller
-    head dims), 2 KV heads, 2 layers, MLP 256, tied embeddings."""
-    from transformers import Qwen2Config
+    """The ``tiny`` shape of :mod:`polyrl.models.shapes` with this tokenizer's vocabulary and
+    special-token ids."""
+    from polyrl.models.shapes import random_model_config
 
-    return Qwen2Config(
+    return random_model_config(
+        "tiny",
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=EOS_TOKEN_ID,
         pad_token_id=PAD_TOKEN_ID,
-        rope_theta=10000.0,
         initializer_range=0.02,
     )
 

@@ -1,9 +1,10 @@
 """Throughput and MFU of the FSDP2 engine's ``train_step`` (and ``compute_log_prob``).
 
-A randomly initialised model of a real shape (default: Qwen2-0.5B) is written to a temporary
-folder, loaded by :class:`polyrl_engine_fsdp.engine.FSDPEngine` on each rank, and trained on
-random token batches in polyrl's layout (left-padded prompt + right-padded response). Printed:
-seconds per step, tokens/s per device and MFU.
+A randomly initialised model of a real shape (default: Qwen2-0.5B; the shapes are
+``polyrl.models.shapes.SHAPES``) is written to a temporary folder, loaded by
+:class:`polyrl_engine_fsdp.engine.FSDPEngine` on each rank, and trained on random token batches
+in polyrl's layout (left-padded prompt + right-padded response). Printed: seconds per step,
+tokens/s per device and MFU.
 
 Model FLOPs per step (the usual convention; recomputation under gradient checkpointing is not
 counted): ``6 x (non-embedding matmul params) x tokens`` + ``6 x vocab x hidden x response
@@ -13,9 +14,9 @@ plus twice for backward). MFU divides by the step time and ``--peak-tflops``
 per device (989 for an H200's dense bf16).
 
     # on the GPU machine (the lead runs GPU jobs):
-    python plugins/engine_fsdp/benchmarks/bench_fsdp_step.py --device cuda --world-size 1
+    python benchmarks/bench_fsdp_step.py --device cuda --world-size 1
     # quick check on CPU:
-    python plugins/engine_fsdp/benchmarks/bench_fsdp_step.py --shape tiny --device cpu \
+    python benchmarks/bench_fsdp_step.py --shape tiny --device cpu \
         --batch 4 --prompt-len 16 --response-len 16 --steps 2
 """
 
@@ -30,40 +31,7 @@ from typing import Any
 
 import torch
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    ),
-}
-
-
-def write_random_model(shape: str, folder: str) -> str:
-    """A random-init Qwen2 of ``shape`` saved in bf16 (only the weights' values are random)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape])).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    return folder
+from polyrl.models.shapes import SHAPES, build_random_model
 
 
 def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int) -> Any:
@@ -188,7 +156,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_fsdp_") as folder:
         start = time.perf_counter()
-        model_dir = write_random_model(args.shape, os.path.join(folder, "model"))
+        model_dir = build_random_model(
+            os.path.join(folder, "model"), args.shape, tokenizer_from=None, dtype="bfloat16"
+        )
         print(f"random {args.shape} written in {time.perf_counter() - start:.1f} s")
         results = run_on_ranks(
             _rank,
