@@ -70,11 +70,19 @@ def test_unknown_name_lists_valid_names_with_packages_and_suggests() -> None:
 
 def test_unknown_first_party_name_says_which_package_to_install() -> None:
     with pytest.raises(PluginNotFoundError) as info:
-        Registry().get(PluginKind.TRAINING_ENGINE, "megatron")
+        Registry().get(PluginKind.ROLLOUT_ENGINE, "vllm")
     message = str(info.value)
     assert "No plugin of this kind is installed." in message
-    assert "'megatron' is provided by the package polyrl-engine-megatron" in message
-    assert "pip install polyrl-engine-megatron" in message
+    assert "'vllm' is provided by the package polyrl-rollout-vllm" in message
+    assert "pip install polyrl-rollout-vllm" in message
+
+
+def test_unreleased_first_party_name_is_not_sent_to_pip() -> None:
+    with pytest.raises(PluginNotFoundError) as info:
+        Registry().get(PluginKind.TRAINING_ENGINE, "megatron")
+    message = str(info.value)
+    assert "planned as the package polyrl-engine-megatron, which is not released yet" in message
+    assert "pip install" not in message
 
 
 def test_first_party_package_installed_but_broken_shows_its_error() -> None:

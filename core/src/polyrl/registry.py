@@ -29,7 +29,7 @@ import pluggy
 
 from polyrl import hookspecs
 from polyrl.errors import PolyrlError
-from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, PluginKind
+from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, UNRELEASED_PACKAGES, PluginKind
 
 ENTRY_POINT_GROUP = "polyrl"
 DISABLE_AUTOLOAD_ENV = "POLYRL_DISABLE_PLUGIN_AUTOLOAD"
@@ -207,6 +207,11 @@ class Registry:
             if broken:
                 lines.append(
                     f"Package {package} is installed but failed to load: {broken[0].error}"
+                )
+            elif package in UNRELEASED_PACKAGES:
+                lines.append(
+                    f"{name!r} is planned as the package {package}, which is not released yet; "
+                    f"pick one of the valid names"
                 )
             else:
                 lines.append(
