@@ -1,5 +1,7 @@
 """Rollout seeds: deterministic, and far apart for neighbouring steps and ranks."""
 
+import itertools
+
 from polyrl.config import load_config
 from polyrl.seeding import derive_seed
 from polyrl.trainer.stages import training_sampling_params
@@ -18,6 +20,6 @@ def test_neighbouring_steps_get_non_overlapping_seed_ranges() -> None:
     bases = [training_sampling_params(cfg, step).seed for step in range(1, 200)]
     samples_per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
     ordered = sorted(bases)
-    assert min(b - a for a, b in zip(ordered, ordered[1:])) > samples_per_step
+    assert min(b - a for a, b in itertools.pairwise(ordered)) > samples_per_step
     ranks = [derive_seed(bases[0], "rank", rank) for rank in range(8)]
     assert len(set(ranks)) == 8
