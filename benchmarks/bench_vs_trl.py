@@ -40,14 +40,15 @@ DATA = {
 
 # ---- shared ------------------------------------------------------------------------------------
 def summarise(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
-    """Median seconds per step and tokens/s over the steps after ``warmup``."""
+    """Medians over the steps after ``warmup``: seconds per step, and tokens/s (each step's
+    prompt+response tokens over its time; medians resist the noise of a shared machine)."""
     measured = steps[warmup:] or steps
     times = [s["step_s"] for s in measured]
     tokens = sum(s["tokens"] for s in measured)
     out = {
         "steps_measured": len(measured),
         "median_step_s": statistics.median(times),
-        "tokens_per_s": tokens / sum(times),
+        "tokens_per_s": statistics.median(s["tokens"] / s["step_s"] for s in measured),
         "tokens_per_step": tokens / len(measured),
     }
     for key in sorted({k for s in measured for k in s if k.startswith("phase/")}):
