@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     load = os.getloadavg()[0]
     print(
-        f"recipe={args.recipe}, {args.steps} steps, 1 worker; load average {load:.1f}; "
+        f"recipe={args.recipe}, {args.steps} steps, overrides {overrides or 'none'}; "
+        f"load average {load:.1f}; "
         f"logs in {work}",
         flush=True,
     )
