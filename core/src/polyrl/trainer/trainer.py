@@ -74,7 +74,7 @@ class RLTrainer:
         self.cfg = cfg
         registry = get_registry()
         self.world_size = world_size_of(cfg)
-        self.output_dir = str(cfg.trainer.default_local_dir)
+        self.output_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
         os.makedirs(self.output_dir, exist_ok=True)
 
         model_cfg = cfg.actor_rollout_ref.model
