@@ -119,10 +119,12 @@ class HFRolloutEngine(RolloutEngine):
         )
 
         responses, masks, log_probs = [], [], []
-        for start in range(0, rows_ids.shape[0], self.micro_batch_size):
-            stop = start + self.micro_batch_size
+        # Chunks hold whole prompts (all n samples of each), so every prompt is prefilled once.
+        prompts_per_chunk = max(1, self.micro_batch_size // n)
+        for start in range(0, input_ids.shape[0], prompts_per_chunk):
+            stop = start + prompts_per_chunk
             chunk = self._sample(
-                rows_ids[start:stop], rows_mask[start:stop], params, stop_ids, generator
+                input_ids[start:stop], prompt_mask[start:stop], n, params, stop_ids, generator
             )
             responses.append(chunk[0])
             masks.append(chunk[1])
@@ -150,14 +152,17 @@ class HFRolloutEngine(RolloutEngine):
         self,
         ids: torch.Tensor,
         mask: torch.Tensor,
+        n: int,
         params: SamplingParams,
         stop_ids: list[int],
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Responses, response masks and log-probs ``[rows, max_new_tokens]`` for one chunk."""
+        """Responses, response masks and log-probs ``[prompts * n, max_new_tokens]`` for one
+        chunk of prompts. Each prompt is prefilled once; its KV cache and last logits are then
+        repeated for its ``n`` samples (the prefill is most of the work for short responses)."""
         from transformers import DynamicCache
 
-        rows, max_new = ids.shape[0], int(params.max_new_tokens)
+        rows, max_new = ids.shape[0] * n, int(params.max_new_tokens)
         pad = int(self.ctx.pad_token_id)
         ids = ids.to(self.device)
         mask = mask.to(self.device).long()
@@ -183,6 +188,11 @@ class HFRolloutEngine(RolloutEngine):
             use_cache=True,
             **extra,
         )
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            out.logits = out.logits[:, -1:, :].repeat_interleave(n, dim=0)
+            mask = mask.repeat_interleave(n, dim=0)
+            positions = positions.repeat_interleave(n, dim=0)
         next_position = positions[:, -1:] + 1
         for step in range(max_new):
             token, log_prob = pick_tokens(
