@@ -307,14 +307,14 @@ def test_micro_batch_must_divide_the_per_gpu_mini_batch(
     )
 
 
-def test_critic_batches_checked_when_enabled(registry: Registry, base: list[str]) -> None:
-    found = problems(
-        registry, base, "critic.enable=true", "critic.strategy=eng", "critic.ppo_mini_batch_size=3"
-    )
-    assert found == [
-        "data.train_batch_size 8 is not divisible by critic.ppo_mini_batch_size 3: every "
-        "mini-batch must be full"
-    ]
+def test_unsupported_critic_and_reward_model_are_refused(
+    registry: Registry, base: list[str]
+) -> None:
+    # No value model or model-based reward is trained yet: enabling one must not pass silently.
+    line = one_problem(registry, base, "critic.enable=true")
+    assert line.startswith("critic.enable=true: polyrl has no critic (value model) yet")
+    line = one_problem(registry, base, "reward_model.enable=true")
+    assert line.startswith("reward_model.enable=true: model-based reward models are not supported")
 
 
 # ---- plugins and capabilities ------------------------------------------------------------------
@@ -358,9 +358,7 @@ def test_group_estimator_needs_several_samples(registry: Registry, base: list[st
 
 def test_critic_estimator_needs_the_critic(registry: Registry, base: list[str]) -> None:
     line = one_problem(registry, base, "algorithm.adv_estimator=gae_like")
-    assert "needs a value model: set critic.enable=true" in line
-    enabled = ["critic.enable=true", "critic.strategy=eng"]
-    assert problems(registry, base, "algorithm.adv_estimator=gae_like", *enabled) == []
+    assert "needs a value model, which polyrl does not train yet" in line
 
 
 def test_engine_must_support_the_device(registry: Registry, base: list[str]) -> None:

@@ -56,7 +56,7 @@ class ModelConfig:
     tokenizer_path: Any = None
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = True
+    use_remove_padding: bool = True  # accepted for verl command lines; engines minimise padding
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)
 
@@ -128,7 +128,6 @@ class RolloutValConfig:
 @dataclass
 class RolloutConfig:
     name: str = "hf"
-    mode: str = "sync"
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
@@ -177,8 +176,6 @@ class RewardModelConfig:
     timeout_s: float = 10.0
     failure_score: float = 0.0
     on_error: str = "score"  # score: use failure_score and report | raise: stop the run
-    overlong_buffer_len: int = 0
-    overlong_penalty_factor: float = 1.0
 
 
 @dataclass
@@ -207,6 +204,7 @@ class TrainerConfig:
     export_hf_model: bool = True
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
+    collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs
 
 
 @dataclass

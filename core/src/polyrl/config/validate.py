@@ -217,12 +217,18 @@ def _check_plugins(checker: _Checker) -> dict[str, Registration]:
         reg = _select(checker, kind, key, value)
         if reg:
             selected[key] = reg
+    # The trainer builds no value model or model-based reward yet: accepting these switches
+    # would silently train without what the user asked for.
     if checker.get("critic.enable") is True:
-        reg = _select(
-            checker, PluginKind.TRAINING_ENGINE, "critic.strategy", checker.get("critic.strategy")
+        checker.add(
+            "critic.enable=true: polyrl has no critic (value model) yet, so PPO with GAE cannot "
+            "run; use a critic-free estimator (algorithm.adv_estimator=grpo, drgrpo or rloo)"
         )
-        if reg:
-            selected["critic.strategy"] = reg
+    if checker.get("reward_model.enable") is True:
+        checker.add(
+            "reward_model.enable=true: model-based reward models are not supported yet; score "
+            "with the built-in verifiable rewards, custom_reward_function.path, or a reward plugin"
+        )
     return selected
 
 
@@ -236,10 +242,10 @@ def _check_capabilities(checker: _Checker, selected: dict[str, Registration]) ->
                 f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): set "
                 f"actor_rollout_ref.rollout.n=4, for example"
             )
-        if estimator.spec.requires_critic and checker.get("critic.enable") is not True:
+        if estimator.spec.requires_critic:
             checker.add(
-                f"algorithm.adv_estimator={estimator.name!r} needs a value model: set "
-                f"critic.enable=true (or pick an estimator without a critic, e.g. grpo)"
+                f"algorithm.adv_estimator={estimator.name!r} needs a value model, which polyrl "
+                f"does not train yet: pick an estimator without a critic, e.g. grpo"
             )
     device = checker.get("trainer.device")
     if device not in DEVICES:
@@ -538,8 +544,6 @@ def _check_batches(checker: _Checker) -> None:
             f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} does not divide the {where}"
         )
     _check_ppo_batches(c, "actor_rollout_ref.actor", train, n, world, where)
-    if c.get("critic.enable") is True:
-        _check_ppo_batches(c, "critic", train, n, world, where)
 
 
 def _check_ppo_batches(c: _Checker, role: str, train: int, n: int, world: int, where: str) -> None:

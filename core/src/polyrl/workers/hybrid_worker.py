@@ -75,7 +75,7 @@ class HybridWorker:
             init_method=f"tcp://{master_addr}:{master_port}",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=float(self.cfg.trainer.get("collective_timeout_s", 1800))),
+            timeout=timedelta(seconds=float(self.cfg.trainer.collective_timeout_s)),
         )
         registry = get_registry()
         arr = self.cfg.actor_rollout_ref
