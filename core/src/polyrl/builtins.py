@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.hookspecs import hookimpl
-from polyrl.specs import LoggerSpec, PolicyLossSpec, RewardProviderSpec
+from polyrl.specs import AlgorithmSpec, LoggerSpec, PolicyLossSpec, RewardProviderSpec
 
 
 @hookimpl
@@ -44,4 +44,16 @@ def polyrl_loggers() -> Iterator[LoggerSpec]:
         name="tensorboard",
         description="TensorBoard event files in ${trainer.default_local_dir}/tensorboard",
         logger="polyrl.loggers.tensorboard:TensorboardLogger",
+    )
+
+
+@hookimpl
+def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
+    yield AlgorithmSpec(
+        name="policy_gradient",
+        description="The standard policy-gradient step (gen, reward, old log-probs, [ref], "
+        "[KL in reward], advantages, actor update, weight sync) for estimators that no "
+        "algorithm claims",
+        pipeline="polyrl.step.policy_gradient:policy_gradient_pipeline",
+        roles=("actor", "rollout", "ref"),
     )

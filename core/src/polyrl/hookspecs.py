@@ -19,6 +19,7 @@ import pluggy
 
 from polyrl.specs import (
     AdvantageEstimatorSpec,
+    AlgorithmSpec,
     LoggerSpec,
     PolicyLossSpec,
     RewardProviderSpec,
@@ -160,6 +161,47 @@ def polyrl_loggers() -> Iterable[LoggerSpec]:
     """
 
 
+@hookspec
+def polyrl_algorithms() -> Iterable[AlgorithmSpec]:
+    """Register RL algorithms: the stages of the training step and the config they bring.
+
+    ``algorithm.adv_estimator=<one of estimators>`` selects the algorithm that owns that
+    estimator; ``algorithm.name=<name>`` selects one explicitly. The pipeline function gets the
+    composed config and returns a :class:`polyrl.step.StepPipeline`; start from the standard
+    policy-gradient step and edit it, or build your own list of stages. Each stage declares the
+    batch keys it requires and provides; ``polyrl validate`` checks the chain.
+
+    Example (GRPO's step with an extra stage that adds a metric)::
+
+        from polyrl import hookimpl
+        from polyrl.specs import AlgorithmSpec
+        from polyrl.step import Stage, policy_gradient_pipeline
+
+        class ResponseLengthBonus(Stage):
+            name = "length_bonus"
+            requires = ("token_level_rewards", "response_mask")
+            provides = ("token_level_rewards",)
+
+            def run(self, state, ctx):
+                lengths = state.batch["response_mask"].sum(-1)
+                state.metrics["length_bonus/mean_length"] = float(lengths.float().mean())
+
+        def pipeline(cfg):
+            steps = policy_gradient_pipeline(cfg)
+            steps.insert_after("reward", ResponseLengthBonus())
+            return steps
+
+        @hookimpl
+        def polyrl_algorithms():
+            yield AlgorithmSpec(
+                name="grpo_length",
+                description="GRPO with a response-length metric",
+                pipeline=pipeline,
+                config_defaults={"algorithm.adv_estimator": "grpo"},
+            )
+    """
+
+
 HOOK_NAMES = (
     "polyrl_training_engines",
     "polyrl_rollout_engines",
@@ -167,4 +209,5 @@ HOOK_NAMES = (
     "polyrl_policy_losses",
     "polyrl_reward_providers",
     "polyrl_loggers",
+    "polyrl_algorithms",
 )

@@ -43,6 +43,7 @@ HOOK_OF_KIND = {
     PluginKind.POLICY_LOSS: "polyrl_policy_losses",
     PluginKind.REWARD_PROVIDER: "polyrl_reward_providers",
     PluginKind.LOGGER: "polyrl_loggers",
+    PluginKind.ALGORITHM: "polyrl_algorithms",
 }
 
 
@@ -124,6 +125,14 @@ class Registry:
                 module, name=f"{provenance.distribution}/{provenance.plugin}"
             )
         except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            self._mark_broken(provenance, exc)
+            return
+        try:
+            # A misspelled hook name (``polyrl_algorithm`` for ``polyrl_algorithms``) would
+            # otherwise register nothing, silently.
+            self.plugin_manager.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.plugin_manager.unregister(module)
             self._mark_broken(provenance, exc)
             return
         for kind, hook_name in HOOK_OF_KIND.items():

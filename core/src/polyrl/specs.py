@@ -9,7 +9,7 @@ resolved only when selected, so that listing plugins never imports torch, vLLM o
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -24,6 +24,7 @@ class PluginKind(str, Enum):
     POLICY_LOSS = "policy_loss"
     REWARD_PROVIDER = "reward_provider"
     LOGGER = "logger"
+    ALGORITHM = "algorithm"
 
     @property
     def config_key(self) -> str:
@@ -37,6 +38,7 @@ _CONFIG_KEYS = {
     PluginKind.POLICY_LOSS: "actor_rollout_ref.actor.policy_loss.loss_mode",
     PluginKind.REWARD_PROVIDER: "reward_model.reward_manager",
     PluginKind.LOGGER: "trainer.logger",
+    PluginKind.ALGORITHM: "algorithm.name",
 }
 
 
@@ -59,10 +61,20 @@ def resolve_object(target: Any) -> Any:
 @dataclass(frozen=True)
 class _Spec:
     """Fields every registration has. A subclass's ``config_class`` optionally names a dataclass
-    describing the plugin's config section ``plugins.<name>`` (checked by ``polyrl validate``)."""
+    describing the plugin's config section ``plugins.<name>`` (checked by ``polyrl validate``).
+
+    ``config_check`` (a callable or import string) is the plugin's own check of the run config:
+    ``check(cfg) -> list[str]``, one line per problem, run by ``polyrl validate`` and before a
+    run starts when this plugin is selected. Backend-specific rules live there, not in core.
+    ``runtime_modules`` names the modules the implementation needs at run time (``("vllm",)``):
+    the driver checks they import before Ray starts, so a missing backend is one line, not a
+    traceback from inside a worker.
+    """
 
     name: str
     description: str
+    config_check: Callable[[Any], list[str]] | str | None = field(default=None, kw_only=True)
+    runtime_modules: tuple[str, ...] = field(default=(), kw_only=True)
 
     def capability_flags(self) -> dict[str, Any]:
         """Capability flags of this registration, as shown by ``polyrl plugins``."""
@@ -132,28 +144,28 @@ class RolloutEngineSpec(_Spec):
         return resolve_object(self.engine)
 
 
+# Batch keys an estimator / a policy loss reads unless its spec says otherwise.
+ESTIMATOR_KEYS = ("token_level_rewards", "response_mask", "uid")
+POLICY_LOSS_KEYS = ("old_log_probs", "advantages", "response_mask")
+
+
 @dataclass(frozen=True)
 class AdvantageEstimatorSpec(_Spec):
     """An advantage estimator: a callable with the signature documented in
     :data:`polyrl.interfaces.AdvantageEstimatorFn`.
 
-    ``requires_critic``: the trainer must build a critic (GAE). ``requires_groups``: it compares
-    samples of one prompt, so ``actor_rollout_ref.rollout.n`` must be at least 2 (GRPO, RLOO).
-    ``default_loss_agg_mode`` overrides the actor's aggregation when the user left it at default
-    (Dr.GRPO needs ``seq-mean-token-sum-norm``).
+    ``requires`` lists the batch keys it reads (``values`` for GAE, a baseline for ReMax): the
+    step's chain check makes sure an earlier stage provides each. ``requires_groups``: it
+    compares samples of one prompt, so ``actor_rollout_ref.rollout.n`` must be at least 2.
     """
 
     fn: Callable[..., Any] | str = ""
-    requires_critic: bool = False
+    requires: tuple[str, ...] = ESTIMATOR_KEYS
     requires_groups: bool = False
-    default_loss_agg_mode: str | None = None
     config_class: type | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:
-        flags: dict[str, Any] = {"critic": self.requires_critic, "groups": self.requires_groups}
-        if self.default_loss_agg_mode:
-            flags["loss_agg_mode"] = self.default_loss_agg_mode
-        return flags
+        return {"groups": self.requires_groups, "requires": list(self.requires)}
 
     def load(self) -> Callable[..., Any]:
         return resolve_object(self.fn)
@@ -161,10 +173,17 @@ class AdvantageEstimatorSpec(_Spec):
 
 @dataclass(frozen=True)
 class PolicyLossSpec(_Spec):
-    """A policy loss: a callable with the signature of :data:`polyrl.interfaces.PolicyLossFn`."""
+    """A policy loss: a callable with the signature of :data:`polyrl.interfaces.PolicyLossFn`.
+
+    ``requires`` lists the batch keys it reads (``rollout_log_probs`` for truncated importance
+    sampling); they reach the actor's update and are checked against the step's chain."""
 
     fn: Callable[..., Any] | str = ""
+    requires: tuple[str, ...] = POLICY_LOSS_KEYS
     config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {"requires": list(self.requires)}
 
     def load(self) -> Callable[..., Any]:
         return resolve_object(self.fn)
@@ -199,6 +218,38 @@ class LoggerSpec(_Spec):
         return resolve_object(self.logger)
 
 
+@dataclass(frozen=True)
+class AlgorithmSpec(_Spec):
+    """An RL algorithm: the stages of its training step, the worker roles they use, and the
+    config defaults it brings.
+
+    ``pipeline`` is a callable (or import string) ``pipeline(cfg) -> StepPipeline`` building the
+    step from the composed config (see :mod:`polyrl.step`); it runs in the driver and in
+    ``polyrl validate``, so it must not load models. ``estimators`` are the
+    ``algorithm.adv_estimator`` values this algorithm owns: selecting one of them selects the
+    algorithm (``algorithm.name`` picks one explicitly). ``roles`` are the worker roles its stages
+    may use (``actor``, ``rollout``, ``ref``, ``critic``, ``reward_model`` ...).
+    ``config_defaults`` maps dotted config keys to values merged when the config is composed:
+    above the schema's defaults, below the recipe and the command line, and shown by
+    ``polyrl config``.
+    """
+
+    pipeline: Callable[..., Any] | str = ""
+    estimators: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ("actor", "rollout")
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)
+    config_class: type | str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        flags: dict[str, Any] = {"roles": list(self.roles), "estimators": list(self.estimators)}
+        if self.config_defaults:
+            flags["defaults"] = dict(self.config_defaults)
+        return flags
+
+    def load(self) -> Callable[..., Any]:
+        return resolve_object(self.pipeline)
+
+
 SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.TRAINING_ENGINE: TrainingEngineSpec,
     PluginKind.ROLLOUT_ENGINE: RolloutEngineSpec,
@@ -206,6 +257,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.POLICY_LOSS: PolicyLossSpec,
     PluginKind.REWARD_PROVIDER: RewardProviderSpec,
     PluginKind.LOGGER: LoggerSpec,
+    PluginKind.ALGORITHM: AlgorithmSpec,
 }
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
@@ -237,4 +289,9 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
     PluginKind.POLICY_LOSS: {"gspo": "polyrl-algo-grpo"},
     PluginKind.REWARD_PROVIDER: {},
     PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
+    PluginKind.ALGORITHM: {
+        "grpo": "polyrl-algo-grpo",
+        "drgrpo": "polyrl-algo-grpo",
+        "rloo": "polyrl-algo-grpo",
+    },
 }

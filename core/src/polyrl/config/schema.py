@@ -24,6 +24,8 @@ class KLControlConfig:
 
 @dataclass
 class AlgorithmConfig:
+    # null: the algorithm plugin that owns adv_estimator (polyrl.step.algorithm)
+    name: Any = None
     adv_estimator: str = "grpo"
     gamma: float = 1.0
     lam: float = 1.0

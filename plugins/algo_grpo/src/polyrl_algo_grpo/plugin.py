@@ -6,9 +6,39 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl import hookimpl
-from polyrl.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from polyrl.specs import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec
 
 _ADV = "polyrl_algo_grpo.advantages"
+# The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
+# whole family; they differ in the estimator and, for Dr.GRPO, the loss aggregation.
+_STEP = "polyrl.step.policy_gradient:policy_gradient_pipeline"
+_ROLES = ("actor", "rollout", "ref")
+
+
+@hookimpl
+def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
+    yield AlgorithmSpec(
+        name="grpo",
+        description="GRPO: group-relative outcome advantages, PPO-clipped policy loss",
+        pipeline=_STEP,
+        estimators=("grpo",),
+        roles=_ROLES,
+    )
+    yield AlgorithmSpec(
+        name="drgrpo",
+        description="Dr.GRPO: GRPO without the std division or the length bias",
+        pipeline=_STEP,
+        estimators=("drgrpo", "dr_grpo"),
+        roles=_ROLES,
+        config_defaults={"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"},
+    )
+    yield AlgorithmSpec(
+        name="rloo",
+        description="RLOO: leave-one-out baseline over the samples of a prompt",
+        pipeline=_STEP,
+        estimators=("rloo",),
+        roles=_ROLES,
+    )
 
 
 @hookimpl
@@ -26,7 +56,6 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
             description="Dr.GRPO: score - group mean (no std), with seq-mean-token-sum-norm",
             fn=f"{_ADV}:drgrpo_advantage",
             requires_groups=True,
-            default_loss_agg_mode="seq-mean-token-sum-norm",
         )
     yield AdvantageEstimatorSpec(
         name="rloo",

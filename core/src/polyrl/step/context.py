@@ -1,0 +1,39 @@
+"""What stages run with: the config, the worker roles, the tokenizer and the reward provider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from polyrl.interfaces import RewardProvider
+    from polyrl.workers.dispatch import Dispatch
+
+
+class RoleCalls(Protocol):
+    """The driver's handle on the worker roles (built by :mod:`polyrl.workers`).
+
+    ``call("ref", "compute_log_prob", batch, dispatch=Dispatch.DP_SPLIT)`` runs the method of
+    the ``ref`` role on every worker hosting it, each data-parallel rank getting its rows;
+    tensor- or pipeline-parallel peers of one data-parallel rank get the same rows, and one
+    output per data-parallel rank comes back. ``dp_size(role)`` is that role's number of
+    data-parallel ranks. ``sync_weights(source, target)`` streams the full weights of one role
+    (``actor``) into another (``rollout``) and returns ``{"bytes": ..., "seconds": ...}``.
+    """
+
+    def call(self, role: str, method: str, *args: Any, dispatch: Dispatch = ...) -> Any: ...
+
+    def dp_size(self, role: str) -> int: ...
+
+    def sync_weights(self, source: str, target: str) -> dict[str, float]: ...
+
+
+@dataclass
+class StepContext:
+    """Handed to every :meth:`polyrl.step.Stage.run`. ``cfg`` is the composed, validated run
+    config (read-only: stages never change it)."""
+
+    cfg: Any
+    workers: RoleCalls
+    tokenizer: Any
+    reward: RewardProvider

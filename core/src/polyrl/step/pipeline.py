@@ -1,0 +1,189 @@
+"""The training step as a pipeline of stages with a declared data contract.
+
+A step is a list of :class:`Stage` objects run in order on one :class:`StepState`. Each stage
+declares the batch keys it ``requires`` and ``provides`` and the worker ``roles`` it calls, so
+that :meth:`StepPipeline.check` can prove, before any device is taken, that every key a stage
+reads is produced by the data loader or an earlier stage, and the trainer can build only the
+roles the step uses. Algorithms own their pipeline (see :class:`polyrl.specs.AlgorithmSpec`):
+they start from the standard policy-gradient step and edit it with :meth:`StepPipeline.insert_after`
+and friends, or assemble their own list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+    from polyrl.step.context import StepContext
+
+# What the data loader puts in every step's batch (see polyrl.data.dataset.collate).
+PROMPT_BATCH_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "data_source",
+    "ground_truth",
+    "extra_info",
+    "raw_prompt",
+    "index",
+)
+
+
+@dataclass
+class StepState:
+    """What flows through one step: the growing batch, and the metrics and timings so far."""
+
+    step: int
+    batch: Batch
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``timing_s/<name>``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+
+
+class Stage:
+    """One part of a step. Subclasses set the four declarations and implement :meth:`run`.
+
+    ``name`` is unique in a pipeline and is also the timing key (``timing_s/<name>``).
+    ``requires``: batch keys read; ``provides``: batch keys written (a key may be both: a stage
+    that reshapes rewards requires and provides ``token_level_rewards``). ``roles``: worker
+    roles called through ``ctx.workers`` (``actor``, ``rollout``, ``ref`` ...). A stage may keep
+    state across steps (a KL controller): :meth:`state_dict` is saved in every checkpoint and
+    handed back to :meth:`load_state_dict` on resume.
+    """
+
+    name: str = ""
+    requires: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        raise NotImplementedError(f"stage {self.name!r} ({type(self).__name__}) must define run()")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (stateless stages ignore it)."""
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}: {list(self.requires)} -> {list(self.provides)}>"
+
+
+class StepPipeline:
+    """An ordered list of uniquely named stages with editing operations."""
+
+    def __init__(self, stages: Iterable[Stage]) -> None:
+        self.stages: list[Stage] = []
+        for stage in stages:
+            self._add(len(self.stages), stage)
+
+    def names(self) -> list[str]:
+        return [stage.name for stage in self.stages]
+
+    def __getitem__(self, name: str) -> Stage:
+        return self.stages[self._position(name)]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names()
+
+    def _position(self, name: str) -> int:
+        names = self.names()
+        if name not in names:
+            raise KeyError(f"no stage {name!r} in the pipeline; stages: {names}")
+        return names.index(name)
+
+    def _add(self, position: int, stage: Stage) -> None:
+        if not stage.name:
+            raise ValueError(f"{type(stage).__name__} has no name: set the class attribute `name`")
+        if stage.name in self.names():
+            raise ValueError(
+                f"the pipeline already has a stage named {stage.name!r}: stage names are unique "
+                f"(they key timings and checkpoints); stages: {self.names()}"
+            )
+        self.stages.insert(position, stage)
+
+    def insert_after(self, name: str, stage: Stage) -> None:
+        self._add(self._position(name) + 1, stage)
+
+    def insert_before(self, name: str, stage: Stage) -> None:
+        self._add(self._position(name), stage)
+
+    def append(self, stage: Stage) -> None:
+        self._add(len(self.stages), stage)
+
+    def replace(self, name: str, stage: Stage) -> None:
+        position = self._position(name)
+        del self.stages[position]
+        self._add(position, stage)
+
+    def remove(self, name: str) -> None:
+        del self.stages[self._position(name)]
+
+    # ---- the contract --------------------------------------------------------------------------
+    def roles(self) -> tuple[str, ...]:
+        """The worker roles the stages call, in first-use order."""
+        seen: dict[str, None] = {}
+        for stage in self.stages:
+            seen.update(dict.fromkeys(stage.roles))
+        return tuple(seen)
+
+    def check(self, initial_keys: Iterable[str] = PROMPT_BATCH_KEYS) -> list[str]:
+        """One line per batch key a stage requires that neither ``initial_keys`` (the data
+        loader's) nor an earlier stage provides."""
+        available = set(initial_keys)
+        problems = []
+        for position, stage in enumerate(self.stages):
+            for key in stage.requires:
+                if key in available:
+                    continue
+                later = [s.name for s in self.stages[position + 1 :] if key in s.provides]
+                where = (
+                    f"only the later stage(s) {', '.join(later)} provide it"
+                    if later
+                    else "no stage provides it"
+                )
+                problems.append(
+                    f"stage {stage.name!r} requires batch key {key!r}, but {where} "
+                    f"(stages in order: {' -> '.join(self.names())}); add or move a stage that "
+                    f"provides {key!r} before {stage.name!r}"
+                )
+            available.update(stage.provides)
+        return problems
+
+    def describe(self) -> str:
+        """One line per stage: name, roles, keys required and provided (``polyrl validate``)."""
+        lines = []
+        for stage in self.stages:
+            roles = f" [{', '.join(stage.roles)}]" if stage.roles else ""
+            lines.append(
+                f"  {stage.name}{roles}: {', '.join(stage.requires) or '-'} -> "
+                f"{', '.join(stage.provides) or '-'}"
+            )
+        return "\n".join(lines)
+
+    def run(self, state: StepState, ctx: StepContext) -> StepState:
+        for stage in self.stages:
+            with state.timed(stage.name):
+                stage.run(state, ctx)
+        return state
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        return {stage.name: stage.state_dict() for stage in self.stages if stage.state_dict()}
+
+    def load_state_dict(self, states: dict[str, dict[str, Any]]) -> None:
+        for stage in self.stages:
+            if stage.name in states:
+                stage.load_state_dict(states[stage.name])

@@ -1,0 +1,298 @@
+"""The standard stages of a policy-gradient step (see :mod:`polyrl.step.pipeline`).
+
+Each class declares the batch keys it requires and provides and the worker roles it calls.
+Algorithms reuse them, edit their order, or replace them with their own :class:`Stage`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from polyrl.batch import Batch
+from polyrl.interfaces import RewardSample, SamplingParams
+from polyrl.registry import get_registry
+from polyrl.seeding import derive_seed
+from polyrl.specs import PluginKind
+from polyrl.step.context import StepContext
+from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
+from polyrl.step.pipeline import Stage, StepState
+from polyrl.workers.dispatch import Dispatch
+
+# What an engine's forward pass reads: the prompt and response of each row.
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+GENERATED_KEYS = ("responses", "response_mask", "input_ids", "attention_mask", "position_ids")
+
+
+def training_sampling_params(cfg: Any, step: int) -> SamplingParams:
+    """Sampling settings of training rollouts; the seed depends on the step only, so a resumed
+    run samples exactly what an uninterrupted one would."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return SamplingParams(
+        n=int(rollout.n),
+        temperature=float(rollout.temperature),
+        top_p=float(rollout.top_p),
+        top_k=int(rollout.top_k),
+        max_new_tokens=int(cfg.data.max_response_length),
+        greedy=not rollout.do_sample,
+        seed=derive_seed(int(cfg.trainer.seed), "rollout", step),
+    )
+
+
+def generate(ctx: StepContext, prompts: Batch, params: SamplingParams) -> Batch:
+    """Generate on every rollout rank; the result holds ``n`` rows per prompt with the prompt's
+    non-tensor fields."""
+    out = ctx.workers.call(
+        "rollout",
+        "generate",
+        prompts.select_keys(("input_ids", "attention_mask")),
+        params,
+        dispatch=Dispatch.DP_SPLIT,
+    )
+    return Batch(non_tensors=dict(prompts.non_tensors)).repeat_interleave(params.n).union(out)
+
+
+def score_responses(ctx: StepContext, batch: Batch) -> tuple[Any, dict[str, float]]:
+    """Decode, score, and place each score on the response's last token."""
+    import torch
+
+    responses, mask = batch["responses"], batch["response_mask"]
+    lengths = mask.sum(-1).long()
+    texts = ctx.tokenizer.batch_decode(
+        [row[: int(n)] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
+    )
+    samples = [
+        RewardSample(
+            index=i,
+            data_source=str(batch["data_source"][i]),
+            solution_str=texts[i],
+            ground_truth=batch["ground_truth"][i],
+            extra_info=dict(batch["extra_info"][i] or {}),
+            prompt_str=str(batch.get("raw_prompt", [""] * len(batch))[i]),
+        )
+        for i in range(len(batch))
+    ]
+    results = ctx.reward.score(samples)
+    scores = torch.zeros(mask.shape, dtype=torch.float32)
+    last = (lengths - 1).clamp(min=0)
+    scores[torch.arange(len(batch)), last] = torch.tensor([r.score for r in results])
+    scores = scores * mask
+    metrics: dict[str, float] = {"reward/errors": float(sum(r.error is not None for r in results))}
+    extras: dict[str, list[float]] = defaultdict(list)
+    for result in results:
+        for key, value in result.extra.items():
+            extras[key].append(float(value))
+    metrics.update({f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extras.items()})
+    return scores, metrics
+
+
+class GenerateStage(Stage):
+    """``n`` samples per prompt; rows of one prompt share a ``uid`` (the group id)."""
+
+    name = "gen"
+    requires = ("input_ids", "attention_mask")
+    roles = ("rollout",)
+
+    def __init__(self, cfg: Any) -> None:
+        spec = get_registry().get(PluginKind.ROLLOUT_ENGINE, cfg.actor_rollout_ref.rollout.name)
+        sampled = ("rollout_log_probs",) if spec.spec.supports_logprobs else ()
+        self.provides = (*GENERATED_KEYS, *sampled, "uid")
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        prompts = state.batch
+        prompts["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        params = training_sampling_params(ctx.cfg, state.step)
+        state.batch = generate(ctx, prompts, params)
+
+
+class RewardStage(Stage):
+    """Scores on each response's last token; ``token_level_rewards`` starts equal to them
+    (later stages may shape it: a KL penalty, an overlong penalty)."""
+
+    name = "reward"
+    requires = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
+    provides = ("token_level_scores", "token_level_rewards")
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        scores, metrics = score_responses(ctx, state.batch)
+        state.batch["token_level_scores"] = scores
+        state.batch["token_level_rewards"] = scores.clone()
+        state.metrics.update(metrics)
+
+
+def update_plan(cfg: Any, num_rows: int, dp_size: int, step: int) -> MiniBatchPlan:
+    """The actor update's mini-batch plan for this batch (see :mod:`polyrl.step.minibatch`)."""
+    actor = cfg.actor_rollout_ref.actor
+    return plan_minibatches(
+        num_rows,
+        dp_size,
+        int(actor.ppo_mini_batch_size) * int(cfg.actor_rollout_ref.rollout.n),
+        epochs=int(actor.ppo_epochs),
+        shuffle=bool(actor.shuffle),
+        seed=int(cfg.trainer.seed),
+        step=step,
+    )
+
+
+class OldLogProbStage(Stage):
+    """Log-probs of the sampled responses under the actor before the update.
+
+    When this batch's update is a single optimizer step (on-policy) and no stage before the
+    update reads them (``needed_before_update`` false), the forward pass is skipped: the
+    update then takes the detached log-probs of its own forward pass, which are identical.
+    """
+
+    name = "old_log_prob"
+    requires = MODEL_INPUT_KEYS
+    provides = ("old_log_probs",)
+    roles = ("actor",)
+
+    def __init__(self, needed_before_update: bool = False) -> None:
+        self.needed_before_update = needed_before_update
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        if not self.needed_before_update:
+            plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)
+            if plan.on_policy:
+                return
+        out = ctx.workers.call(
+            "actor",
+            "compute_log_prob",
+            state.batch.select_keys(MODEL_INPUT_KEYS),
+            dispatch=Dispatch.DP_SPLIT,
+        )
+        state.batch["old_log_probs"] = out["log_probs"]
+        if "entropys" in out:
+            state.batch["entropys"] = out["entropys"]
+        if "rollout_log_probs" in state.batch:
+            state.metrics.update(rollout_mismatch_metrics(state.batch))
+
+
+def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
+    """How far the rollout engine's sampling probabilities are from the trainer's for the same
+    tokens (verl's ``training/rollout_probs_diff_*``): near zero when weight sync and numerics
+    agree; a growing gap means the sampler runs stale or different weights."""
+    mask = batch["response_mask"].bool()
+    diff = (batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_max": float(diff.max()),
+    }
+
+
+class RefLogProbStage(Stage):
+    """Log-probs under the frozen reference policy (for a KL loss or a KL penalty)."""
+
+    name = "ref"
+    requires = MODEL_INPUT_KEYS
+    provides = ("ref_log_prob",)
+    roles = ("ref",)
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        out = ctx.workers.call(
+            "ref",
+            "compute_log_prob",
+            state.batch.select_keys(MODEL_INPUT_KEYS),
+            dispatch=Dispatch.DP_SPLIT,
+        )
+        state.batch["ref_log_prob"] = out["log_probs"]
+
+
+class KLInRewardStage(Stage):
+    """``rewards = rewards - beta * KL(actor || ref)`` per token, beta from the KL controller
+    (whose value is saved in checkpoints)."""
+
+    name = "kl_in_reward"
+    requires = ("token_level_rewards", "old_log_probs", "ref_log_prob", "response_mask")
+    provides = ("token_level_rewards",)
+
+    def __init__(self, cfg: Any) -> None:
+        from polyrl.algorithms.kl import make_kl_controller
+
+        self.kl_penalty = str(cfg.algorithm.kl_penalty)
+        self.controller = make_kl_controller(cfg.algorithm.kl_ctrl)
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        from polyrl.algorithms.kl import apply_kl_in_reward
+
+        batch = state.batch
+        rewards, metrics = apply_kl_in_reward(
+            batch["token_level_rewards"],
+            batch["old_log_probs"],
+            batch["ref_log_prob"],
+            batch["response_mask"],
+            self.controller,
+            self.kl_penalty,
+        )
+        batch["token_level_rewards"] = rewards
+        state.metrics.update(metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_coef": float(self.controller.value)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.controller.value = float(state["kl_coef"])
+
+
+class AdvantageStage(Stage):
+    """The selected estimator (``algorithm.adv_estimator``) on the batch; its spec's
+    ``requires`` become this stage's."""
+
+    name = "adv"
+    provides = ("advantages", "returns")
+
+    def __init__(self, cfg: Any) -> None:
+        self.registration = get_registry().get(
+            PluginKind.ADVANTAGE_ESTIMATOR, cfg.algorithm.adv_estimator
+        )
+        self.requires = tuple(self.registration.spec.requires)
+        self._estimator: Any = None
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        if self._estimator is None:
+            self._estimator = self.registration.load()
+        advantages, returns = self._estimator(state.batch, ctx.cfg.algorithm)
+        state.batch["advantages"], state.batch["returns"] = advantages, returns
+
+
+class UpdateActorStage(Stage):
+    """PPO epochs over mini-batches planned from this batch; the workers receive the keys the
+    policy loss (and the KL loss, when on) declare, nothing else."""
+
+    name = "update_actor"
+    roles = ("actor",)
+
+    def __init__(self, cfg: Any) -> None:
+        actor = cfg.actor_rollout_ref.actor
+        loss = get_registry().get(PluginKind.POLICY_LOSS, actor.policy_loss.loss_mode)
+        kl = ("ref_log_prob",) if actor.use_kl_loss else ()
+        self.requires = tuple(dict.fromkeys((*MODEL_INPUT_KEYS, *loss.spec.requires, *kl)))
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)
+        keys = [k for k in self.requires if k in state.batch]
+        missing = [k for k in self.requires if k not in state.batch]
+        if missing and not (missing == ["old_log_probs"] and plan.on_policy):
+            raise KeyError(f"stage {self.name!r}: the batch lacks {missing}")
+        per_rank = ctx.workers.call(
+            "actor", "update", state.batch.select_keys(keys), plan, dispatch=Dispatch.DP_SPLIT
+        )
+        for key in per_rank[0]:
+            state.metrics[key] = float(np.mean([m[key] for m in per_rank]))
+        state.metrics["actor/optimizer_steps"] = float(plan.optimizer_steps)
+
+
+class SyncWeightsStage(Stage):
+    """The actor's new weights into the rollout engine, so the next step samples from them."""
+
+    name = "update_weights"
+    roles = ("actor", "rollout")
+
+    def run(self, state: StepState, ctx: StepContext) -> None:
+        result = ctx.workers.sync_weights("actor", "rollout")
+        state.metrics["perf/weight_sync_mb"] = result["bytes"] / 2**20
