@@ -133,6 +133,20 @@ def test_plugin_section_keys_are_checked_against_its_config_class(
     assert "Did you mean plugins.fixture_sign.scale?" in done.stderr
 
 
+def test_a_step_whose_chain_misses_a_key_is_rejected_before_anything_starts(
+    site: Path, data_and_model: list[str]
+) -> None:
+    """``fixture_needs_values`` reads ``values``, which no stage of the standard step provides:
+    validate and train both refuse, naming the stage and the key, without starting Ray."""
+    args = ["algorithm.adv_estimator=fixture_needs_values", *data_and_model]
+    for command in ("validate", "train"):
+        done = polyrl(site, command, *args)
+        assert done.returncode == 1, done.stderr
+        line = next(x for x in done.stderr.splitlines() if "'values'" in x)
+        assert "stage 'adv' requires batch key 'values'" in line
+        assert "Ray" not in done.stderr and "ray" not in done.stdout
+
+
 def test_broken_plugin_is_listed_with_its_error(site: Path) -> None:
     broken = [r for r in rows(site) if r["package"] == "polyrl-fixture-broken"]
     assert len(broken) == 1

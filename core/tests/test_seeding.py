@@ -4,7 +4,7 @@ import itertools
 
 from polyrl.config import load_config
 from polyrl.seeding import derive_seed
-from polyrl.trainer.stages import training_sampling_params
+from polyrl.step.stages import training_sampling_params
 
 
 def test_derive_seed_is_deterministic_and_in_31_bits() -> None:

@@ -228,7 +228,9 @@ class AlgorithmSpec(_Spec):
     ``polyrl validate``, so it must not load models. ``estimators`` are the
     ``algorithm.adv_estimator`` values this algorithm owns: selecting one of them selects the
     algorithm (``algorithm.name`` picks one explicitly). ``roles`` are the worker roles its stages
-    may use (``actor``, ``rollout``, ``ref``, ``critic``, ``reward_model`` ...).
+    may use (``actor``, ``rollout``, ``ref``, ``critic``, ``reward_model`` ...);
+    ``role_classes`` supplies the worker-side class (a :class:`polyrl.workers.roles.Role`
+    subclass or import string) of any role beyond core's ``actor``, ``ref`` and ``rollout``.
     ``config_defaults`` maps dotted config keys to values merged when the config is composed:
     above the schema's defaults, below the recipe and the command line, and shown by
     ``polyrl config``.
@@ -237,6 +239,7 @@ class AlgorithmSpec(_Spec):
     pipeline: Callable[..., Any] | str = ""
     estimators: tuple[str, ...] = ()
     roles: tuple[str, ...] = ("actor", "rollout")
+    role_classes: Mapping[str, type | str] = field(default_factory=dict)
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     config_class: type | str | None = None
 

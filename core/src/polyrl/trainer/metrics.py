@@ -18,6 +18,12 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     }
 
 
+# verl's metric name of each per-response sum and of each per-token quantity, where the step's
+# batch has the key (an algorithm's pipeline decides which it has).
+RESPONSE_SUMS = {"token_level_scores": "critic/score", "token_level_rewards": "critic/rewards"}
+TOKEN_VALUES = {"advantages": "critic/advantages", "returns": "critic/returns"}
+
+
 def data_metrics(batch: Batch) -> dict[str, float]:
     """Scores, rewards, advantages, returns and lengths of the step's responses."""
     mask = batch["response_mask"].bool()
@@ -25,10 +31,12 @@ def data_metrics(batch: Batch) -> dict[str, float]:
     prompt_length = batch["attention_mask"].sum(-1).float() - response_length
     max_len = mask.shape[-1]
     metrics: dict[str, float] = {}
-    metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
-    metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
-    metrics.update(_stats("critic/advantages", batch["advantages"][mask]))
-    metrics.update(_stats("critic/returns", batch["returns"][mask]))
+    for key, name in RESPONSE_SUMS.items():
+        if key in batch:
+            metrics.update(_stats(name, batch[key].sum(-1)))
+    for key, name in TOKEN_VALUES.items():
+        if key in batch:
+            metrics.update(_stats(name, batch[key][mask]))
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = float((response_length >= max_len).float().mean())
     metrics.update(_stats("prompt_length", prompt_length))

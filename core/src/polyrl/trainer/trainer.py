@@ -1,9 +1,9 @@
 """The single controller: sets up data, rewards, workers and loggers, then runs the steps.
 
-The driver runs the algorithm as ordinary Python; the heavy work happens in a
-:class:`~polyrl.workers.worker_group.WorkerGroup` of
-:class:`~polyrl.workers.hybrid_worker.HybridWorker` actors. Everything a step does lives in
-the stage pipeline (:mod:`polyrl.trainer.stages`).
+The driver runs the algorithm as ordinary Python; the heavy work happens in Ray worker groups
+that host the roles the step uses (:mod:`polyrl.workers.placement`). What a step does is the
+selected algorithm's stage pipeline (:mod:`polyrl.step`): nothing here knows which algorithm
+runs.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
 from polyrl.registry import get_registry
 from polyrl.specs import PluginKind
+from polyrl.step.algorithm import build_pipeline, select_algorithm
+from polyrl.step.context import StepContext
+from polyrl.step.pipeline import StepState
+from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import data_metrics, timing_and_throughput
-from polyrl.trainer.pipeline import StepState
-from polyrl.trainer.stages import StepServices, build_default_pipeline, generate, score_responses
-from polyrl.workers.hybrid_worker import HybridWorker
-from polyrl.workers.worker_group import WorkerGroup, ensure_ray
-
-DEFAULT_LOSS_AGG_MODE = "token-mean"
-OPTIONAL_STAGE_TIMINGS = ("old_log_prob", "ref")
+from polyrl.workers.placement import start_role_workers
+from polyrl.workers.worker_group import ensure_ray
 
 
 @dataclass
@@ -102,20 +101,12 @@ class RLTrainer:
             cfg.trainer.total_training_steps or len(self.loader) * int(cfg.trainer.total_epochs)
         )
 
-        estimator_reg = registry.get(PluginKind.ADVANTAGE_ESTIMATOR, cfg.algorithm.adv_estimator)
-        estimator = estimator_reg.load()
-        agg_default = estimator_reg.spec.default_loss_agg_mode
-        if agg_default and cfg.actor_rollout_ref.actor.loss_agg_mode == DEFAULT_LOSS_AGG_MODE:
-            cfg.actor_rollout_ref.actor.loss_agg_mode = agg_default
         reward_cls = registry.load(PluginKind.REWARD_PROVIDER, cfg.reward_model.reward_manager)
         self.reward = reward_cls(
             RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
         )
-        kl_controller = None
-        if cfg.algorithm.use_kl_in_reward:
-            from polyrl.algorithms.kl import make_kl_controller
-
-            kl_controller = make_kl_controller(cfg.algorithm.kl_ctrl)
+        algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator))
+        self.pipeline = build_pipeline(cfg)
 
         self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
         self.checkpoints.clean_stale()
@@ -127,26 +118,20 @@ class RLTrainer:
             extra=dict(cfg.trainer.ray_init),
         )
         eos_ids = sorted(self._eos_token_ids())
-        self.workers = WorkerGroup(
-            HybridWorker,
-            world_size=self.world_size,
-            device=device,
-            init_kwargs={
-                "cfg": to_container(cfg),
-                "model_path": self.model_path,
-                "total_training_steps": self.total_steps,
-                "tokens": {"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
+        self.workers = start_role_workers(
+            cfg,
+            self.pipeline.roles(),
+            model_path=self.model_path,
+            total_training_steps=self.total_steps,
+            tokens={"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
+            role_classes={
+                role: cls if isinstance(cls, str) else f"{cls.__module__}:{cls.__qualname__}"
+                for role, cls in algorithm.spec.role_classes.items()
             },
         )
-        self.services = StepServices(
-            cfg=cfg,
-            workers=self.workers,
-            tokenizer=self.tokenizer,
-            reward=self.reward,
-            estimator=estimator,
-            kl_controller=kl_controller,
+        self.context = StepContext(
+            cfg=cfg, workers=self.workers, tokenizer=self.tokenizer, reward=self.reward
         )
-        self.pipeline = build_default_pipeline(self.services)
 
     def _eos_token_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -185,9 +170,9 @@ class RLTrainer:
         for start in range(0, len(self.val_set), size):
             items = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
             prompts = collate(items, self.tokenizer.pad_token_id)
-            padded = pad_rows_to_multiple(prompts, self.world_size)
-            out = generate(self.services, padded, params).slice(0, len(prompts) * params.n)
-            token_scores, _ = score_responses(self.services, out)
+            padded = pad_rows_to_multiple(prompts, self.workers.dp_size("rollout"))
+            out = generate(self.context, padded, params).slice(0, len(prompts) * params.n)
+            token_scores, _ = score_responses(self.context, out)
             for source, score in zip(out["data_source"], token_scores.sum(-1).tolist()):
                 scores.setdefault(str(source), []).append(score)
             lengths += out["response_mask"].sum(-1).float().tolist()
@@ -201,14 +186,13 @@ class RLTrainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, step: int) -> str:
         staging = self.checkpoints.staging_dir(step)
-        self.workers.call("save_checkpoint", staging)
-        kl = self.services.kl_controller
+        self.workers.save_checkpoint(staging)
         save_driver_state(
             staging,
             {
                 "step": step,
                 "loader": self.loader.state_dict(),
-                "kl_coef": None if kl is None else float(kl.value),
+                "stages": self.pipeline.state_dict(),
                 "config": to_container(self.cfg),
             },
         )
@@ -217,18 +201,17 @@ class RLTrainer:
     def _resume(self) -> int:
         if not self.resume_from:
             return 0
-        self.workers.call("load_checkpoint", self.resume_from)
+        self.workers.load_checkpoint(self.resume_from)
         state = load_driver_state(self.resume_from)
         self.loader.load_state_dict(state["loader"])
-        if self.services.kl_controller is not None and state.get("kl_coef") is not None:
-            self.services.kl_controller.value = state["kl_coef"]
+        self.pipeline.load_state_dict(state["stages"])
         print(f"polyrl: resumed from {self.resume_from} (step {state['step']})", file=sys.stderr)
         return int(state["step"])
 
     def _export(self) -> str:
         target = os.path.join(self.output_dir, "hf_model")
         staging = f"{target}.tmp-{os.getpid()}"
-        self.workers.call("export_hf", staging)
+        self.workers.export_hf(staging)
         if os.path.isdir(target):
             import shutil
 
@@ -288,12 +271,8 @@ class RLTrainer:
     def _train_step(self, step: int) -> dict[str, float]:
         state = StepState(step=step, batch=self.loader.next_batch())
         start = time.perf_counter()
-        self.pipeline.run(state)
+        self.pipeline.run(state, self.context)
         state.timing["step"] = time.perf_counter() - start
-        # Stages this config leaves out (the reference without a KL term, old log-probs of an
-        # on-policy update) took no time: report 0 so every run has the same timing keys.
-        for name in OPTIONAL_STAGE_TIMINGS:
-            state.timing.setdefault(name, 0.0)
         metrics = dict(state.metrics)
         metrics.update(data_metrics(state.batch))
         metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
@@ -346,6 +325,9 @@ def describe_result(result: TrainResult) -> str:
 
 def run(cfg: DictConfig) -> TrainResult:
     """Train with ``cfg`` and release Ray actors and reward workers whatever happens."""
+    from polyrl.preflight import preflight
+
+    preflight(cfg)  # a missing backend is one line here, before Ray starts
     torch.manual_seed(int(cfg.trainer.seed))
     print(config_summary(cfg), file=sys.stderr)
     trainer = RLTrainer(cfg)
