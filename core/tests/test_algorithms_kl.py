@@ -1,21 +1,20 @@
 """KL estimators, KL controllers and the KL-in-reward shaping, against hand-computed values."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from polyrl.algorithms import (
+    KL_PENALTY_TYPES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_in_reward,
     kl_penalty,
     make_kl_controller,
 )
-from polyrl.config.schema import KLControlConfig
 from polyrl.errors import ConfigError
+from polyrl.testing.configs import algorithm_config
 
 torch.set_num_threads(1)
 
@@ -64,8 +63,18 @@ def test_k3_gradient_without_straight_through():
 
 
 def test_unknown_kind():
-    with pytest.raises(ConfigError, match="low_var_kl"):
-        kl_penalty(LOGP, REF, "k4")
+    for kind in ("k4", "k3++", "+"):
+        with pytest.raises(ConfigError, match="low_var_kl"):
+            kl_penalty(LOGP, REF, kind)
+
+
+def test_every_listed_type_is_accepted():
+    # the tuple the config validator checks against must name exactly what kl_penalty runs
+    assert {"k3", "k3+", "low_var_kl+", "kl", "abs+"} <= set(KL_PENALTY_TYPES)
+    for kind in KL_PENALTY_TYPES:
+        value = kl_penalty(LOGP, REF, kind)
+        plain = kl_penalty(LOGP, REF, kind.removesuffix("+"))
+        torch.testing.assert_close(value, plain)
 
 
 def test_fixed_controller():
@@ -88,20 +97,19 @@ def test_adaptive_controller():
 
 
 def test_make_kl_controller_from_configs():
-    node = OmegaConf.structured(KLControlConfig)
-    fixed = make_kl_controller(node)
+    fixed = make_kl_controller(algorithm_config().kl_ctrl)
     assert isinstance(fixed, FixedKLController) and fixed.value == pytest.approx(0.001)
-    node.type = "adaptive"
-    node.kl_coef = 0.2
-    adaptive = make_kl_controller(node)
+    adaptive = make_kl_controller(
+        algorithm_config(kl_ctrl={"type": "adaptive", "kl_coef": 0.2}).kl_ctrl
+    )
     assert isinstance(adaptive, AdaptiveKLController)
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.2, 0.1, 10000)
-    plain = make_kl_controller({"type": "adaptive", "kl_coef": 0.3, "target_kl": 1, "horizon": 5})
-    assert plain.horizon == 5
+    short = algorithm_config(kl_ctrl={"type": "adaptive", "target_kl": 1, "horizon": 5})
+    assert make_kl_controller(short.kl_ctrl).horizon == 5
     with pytest.raises(ConfigError, match="fixed, adaptive"):
-        make_kl_controller(SimpleNamespace(type="pid"))
+        make_kl_controller(algorithm_config(kl_ctrl={"type": "pid"}).kl_ctrl)
     with pytest.raises(ConfigError, match="horizon > 0"):
-        make_kl_controller({"type": "adaptive", "horizon": 0})
+        make_kl_controller(algorithm_config(kl_ctrl={"type": "adaptive", "horizon": 0}).kl_ctrl)
 
 
 def test_apply_kl_in_reward():

@@ -1,19 +1,18 @@
 """The PPO clipped / dual-clipped policy loss against values worked out by hand."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from polyrl.algorithms import agg_loss, vanilla_policy_loss
-from polyrl.config.schema import ActorConfig
+from polyrl.batch import Batch
 from polyrl.errors import ConfigError
+from polyrl.testing.configs import actor_config
 
 torch.set_num_threads(1)
 
-CFG = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0)
+CFG = actor_config()  # clip_ratio 0.2 (low and high fall back to it), clip_ratio_c 3
 
 # Five real tokens and one padding token, ratio r = pi/pi_old, advantage A (clip 0.2, c = 3):
 #   t1 A=+1 r=1.5 : max(-1.5, -1.2) = -1.2   clipped (upper)
@@ -28,11 +27,14 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 OLD = torch.full((2, 3), -1.0)
 
 
+def _call(old, log_prob, adv, mask, cfg=CFG):
+    batch = Batch({"old_log_probs": old, "advantages": adv, "response_mask": mask})
+    return vanilla_policy_loss(batch, log_prob, cfg)
+
+
 def _loss(ratios=RATIOS, adv=ADV, mask=MASK, cfg=CFG, log_prob=None):
     log_prob = OLD + torch.log(ratios) if log_prob is None else log_prob
-    return vanilla_policy_loss(
-        old_log_prob=OLD, log_prob=log_prob, advantages=adv, response_mask=mask, config=cfg
-    )
+    return _call(OLD, log_prob, adv, mask, cfg)
 
 
 def test_loss_matrix_values():
@@ -55,31 +57,32 @@ def test_metrics():
 def test_asymmetric_clip_higher():
     # DAPO clip-higher: low 0.2, high 0.28. A=+1, r=1.25 is inside [0.8, 1.28]: loss -1.25;
     # with symmetric 0.2 it would be clipped to -1.2. r=1.5 clips to -1.28.
-    cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3)
+    cfg = actor_config(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3)
     ratios = torch.tensor([[1.25, 1.5, 0.7]])
     adv = torch.tensor([[1.0, 1.0, -1.0]])
     mask = torch.ones(1, 3)
     old = torch.zeros(1, 3)
-    loss_mat, m = vanilla_policy_loss(
-        old_log_prob=old, log_prob=torch.log(ratios), advantages=adv, response_mask=mask, config=cfg
-    )
+    loss_mat, m = _call(old, torch.log(ratios), adv, mask, cfg)
     # t3: A=-1, r=0.7 < 0.8: max(0.7, 0.8) = 0.8 (clipped at the LOW bound)
     torch.testing.assert_close(loss_mat, torch.tensor([[-1.25, -1.28, 0.8]]))
     assert float(m["pg_clipfrac"]) == pytest.approx(2 / 3)
-    sym, _ = vanilla_policy_loss(
-        old_log_prob=old, log_prob=torch.log(ratios), advantages=adv, response_mask=mask, config=CFG
-    )
+    sym, _ = _call(old, torch.log(ratios), adv, mask, CFG)
     assert sym[0, 0].item() == pytest.approx(-1.2)
 
 
-def test_works_with_the_structured_omegaconf_node():
-    node = OmegaConf.structured(ActorConfig)
-    loss_mat, _ = _loss(cfg=node)
-    assert loss_mat[1, 0].item() == pytest.approx(3.0)  # defaults: clip 0.2, clip_ratio_c 3
+def test_unset_low_and_high_clip_ratios_fall_back_to_clip_ratio():
+    # clip_ratio 0.1, low/high left None: t1 (A=+1, r=1.5) clips at 1.1, t3 (A=-1, r=0.5) at 0.9
+    loss_mat, _ = _loss(cfg=actor_config(clip_ratio=0.1))
+    assert loss_mat[0, 0].item() == pytest.approx(-1.1)
+    assert loss_mat[0, 2].item() == pytest.approx(0.9)
+    # only the high side set (DAPO clip-higher): the low side keeps clip_ratio
+    loss_mat, _ = _loss(cfg=actor_config(clip_ratio=0.1, clip_ratio_high=0.3))
+    assert loss_mat[0, 0].item() == pytest.approx(-1.3)
+    assert loss_mat[0, 2].item() == pytest.approx(0.9)
 
 
 def test_dual_clip_bound_must_exceed_one():
-    cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_c=1.0)
+    cfg = actor_config(clip_ratio_c=1.0)
     with pytest.raises(ConfigError, match="clip_ratio_c must be > 1"):
         _loss(cfg=cfg)
 
@@ -99,13 +102,7 @@ def test_gradient_direction_and_size():
     # At r = 1 (on-policy) d(-A r)/d logp = -A r = -A. With token-mean over 4 tokens: -A/4.
     adv = torch.tensor([[2.0, -1.0], [0.5, -3.0]])
     log_prob = OLD[:, :2].clone().requires_grad_(True)
-    loss_mat, _ = vanilla_policy_loss(
-        old_log_prob=OLD[:, :2],
-        log_prob=log_prob,
-        advantages=adv,
-        response_mask=torch.ones(2, 2),
-        config=CFG,
-    )
+    loss_mat, _ = _call(OLD[:, :2], log_prob, adv, torch.ones(2, 2))
     agg_loss(loss_mat, torch.ones(2, 2), "token-mean").backward()
     torch.testing.assert_close(log_prob.grad, -adv / 4)
     # gradient descent raises log-probs of positive-advantage tokens, lowers the negative ones

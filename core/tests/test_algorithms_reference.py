@@ -4,12 +4,13 @@ small hand-worked cases could miss)."""
 
 import math
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from polyrl.algorithms import LOSS_AGG_MODES, agg_loss, kl_penalty, vanilla_policy_loss
+from polyrl.batch import Batch
+from polyrl.testing.configs import actor_config
 
 torch.set_num_threads(1)
 
@@ -38,11 +39,10 @@ def _ref_ppo(old, new, a, low, high, c):
 @pytest.mark.parametrize(("low", "high", "c"), [(0.2, 0.2, 3.0), (0.2, 0.28, 1.5)])
 def test_vanilla_loss_matches_elementwise_reference(seed, low, high, c):
     mask, old, new, adv = _ragged(seed)
-    cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
+    cfg = actor_config(clip_ratio=0.2, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c)
     t = torch.tensor
-    loss_mat, metrics = vanilla_policy_loss(
-        old_log_prob=t(old), log_prob=t(new), advantages=t(adv), response_mask=t(mask), config=cfg
-    )
+    batch = Batch({"old_log_probs": t(old), "advantages": t(adv), "response_mask": t(mask)})
+    loss_mat, metrics = vanilla_policy_loss(batch, t(new), cfg)
     n_tok = clip_n = dual_n = kl_sum = 0.0
     for i, row in enumerate(mask):
         for j, m in enumerate(row):

@@ -112,7 +112,7 @@ def test_stage_state_round_trips_by_stage_name():
     assert second["counter"].count == 3
 
 
-# ---- the standard policy-gradient step from config -------------------------------------------------
+# ---- the standard policy-gradient step from config ----------------------------------------------
 def _names(overrides):
     return policy_gradient_pipeline(load_config(["recipe=tiny", *overrides])).names()
 
@@ -184,7 +184,7 @@ def test_an_unclaimed_estimator_runs_the_builtin_policy_gradient_step(register_p
 
 
 def test_an_explicit_unknown_algorithm_name_lists_the_valid_ones():
-    with pytest.raises(PluginNotFoundError, match="Valid names: .*grpo"):
+    with pytest.raises(PluginNotFoundError, match=r"Valid names: .*grpo"):
         select_algorithm("nope", "grpo")
 
 
@@ -198,7 +198,7 @@ def test_two_algorithms_claiming_one_estimator_must_be_disambiguated(register_pl
             roles=("actor", "rollout", "ref"),
         )
     )
-    with pytest.raises(ConfigError, match="algorithm.name=<name>"):
+    with pytest.raises(ConfigError, match=r"algorithm\.name=<name>"):
         select_algorithm(None, "grpo")
     assert select_algorithm("grpo_clone", "grpo").name == "grpo_clone"
 
@@ -219,7 +219,9 @@ def test_algorithm_defaults_sit_between_the_schema_and_the_recipe_and_command_li
             },
         )
     )
-    cfg = load_config(["recipe=tiny", "algorithm.name=tuned", "actor_rollout_ref.actor.clip_ratio_high=0.3"])
+    cfg = load_config(
+        ["recipe=tiny", "algorithm.name=tuned", "actor_rollout_ref.actor.clip_ratio_high=0.3"]
+    )
     assert cfg.actor_rollout_ref.actor.entropy_coeff == 0.01  # the algorithm's default
     assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.3  # the command line wins
     assert cfg.actor_rollout_ref.rollout.n == 4  # recipe=tiny sets n=4: the recipe wins

@@ -85,15 +85,19 @@ def polyrl_advantage_estimators() -> Iterable[AdvantageEstimatorSpec]:
         from polyrl import hookimpl
         from polyrl.specs import AdvantageEstimatorSpec
 
-        def sign_advantage(*, token_level_rewards, response_mask, index, config, values=None):
-            score = token_level_rewards.sum(-1)
-            adv = torch.sign(score).unsqueeze(-1) * response_mask
+        def sign_advantage(batch, config):
+            mask = batch["response_mask"]
+            score = (batch["token_level_rewards"] * mask).sum(-1)
+            adv = torch.sign(score).unsqueeze(-1) * mask
             return adv, adv
 
         @hookimpl
         def polyrl_advantage_estimators():
             yield AdvantageEstimatorSpec(
-                name="sign", description="+1/-1 by the outcome sign", fn=sign_advantage
+                name="sign",
+                description="+1/-1 by the outcome sign",
+                fn=sign_advantage,
+                requires=("token_level_rewards", "response_mask"),  # the keys it reads
             )
     """
 
@@ -110,12 +114,17 @@ def polyrl_policy_losses() -> Iterable[PolicyLossSpec]:
         from polyrl import hookimpl
         from polyrl.specs import PolicyLossSpec
 
-        def reinforce(*, old_log_prob, log_prob, advantages, response_mask, config):
-            return -advantages * log_prob, {}
+        def reinforce(batch, log_prob, config):
+            return -batch["advantages"] * log_prob * batch["response_mask"], {}
 
         @hookimpl
         def polyrl_policy_losses():
-            yield PolicyLossSpec(name="reinforce", description="-A * log pi", fn=reinforce)
+            yield PolicyLossSpec(
+                name="reinforce",
+                description="-A * log pi",
+                fn=reinforce,
+                requires=("advantages", "response_mask"),  # the keys it reads
+            )
     """
 
 

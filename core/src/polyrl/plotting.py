@@ -3,7 +3,8 @@
 Drawn from the jsonl file (not from live metrics) so that it can be redrawn for any finished or
 crashed run, and so the plot shows exactly what was recorded. Uses matplotlib's object API with
 the Agg canvas directly instead of ``pyplot``: no global backend switch, no GUI, safe in a
-headless process and next to other code that uses pyplot.
+headless process and next to other code that uses pyplot. matplotlib is an extra of polyrl
+(``pip install 'polyrl[plot]'``); without it a finished run just has no PNG.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ def plot_reward_curve(metrics_jsonl: str, out_png: str) -> str:
     """Draw train reward per step (line) and validation reward (markers, one series per data
     source) from ``metrics_jsonl`` into ``out_png``; return ``out_png``.
 
-    Raises :class:`polyrl.errors.DataError` when the file is missing or holds no reward metric.
+    Raises :class:`polyrl.errors.DataError` when the file is missing or holds no reward metric,
+    or when matplotlib is not installed.
     """
+    from polyrl.preflight import require_extra
+
+    require_extra("the reward-curve PNG", ("matplotlib",), DataError)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from polyrl.batch import Batch
 from polyrl.config import load_config
 from polyrl.errors import ConfigError
 from polyrl.interfaces import RewardContext, RewardSample
@@ -44,9 +45,8 @@ INDEX = np.array(["a", "a", "b", "b"], dtype=object)
 
 def _estimate(*overrides: str) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = load_config(list(overrides))
-    return reinforce_batch_baseline(
-        token_level_rewards=REWARDS, response_mask=MASK, index=INDEX, config=cfg.algorithm
-    )
+    batch = Batch({"token_level_rewards": REWARDS, "response_mask": MASK}, {"uid": INDEX})
+    return reinforce_batch_baseline(batch, cfg.algorithm)
 
 
 def test_batch_mean_baseline_by_hand() -> None:

@@ -1,6 +1,10 @@
 """polyrl's conformance suites, run on every registration of polyrl-algo-grpo."""
 
-from polyrl.testing import AdvantageEstimatorConformance, PolicyLossConformance
+from polyrl.testing import (
+    AdvantageEstimatorConformance,
+    AlgorithmConformance,
+    PolicyLossConformance,
+)
 
 
 class TestGrpoConformance(AdvantageEstimatorConformance):
@@ -31,3 +35,15 @@ class TestGspoConformance(PolicyLossConformance):
 class TestGspoPaperClipConformance(PolicyLossConformance):
     plugin_name = "gspo"
     config_overrides = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+
+
+class TestGrpoAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "grpo"
+
+
+class TestDrGrpoAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "drgrpo"
+
+
+class TestRlooAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "rloo"

@@ -3,14 +3,13 @@
 import math
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from polyrl.config.schema import AlgorithmConfig
+from polyrl.batch import Batch
+from polyrl.testing.configs import algorithm_config
 from polyrl_algo_grpo.advantages import drgrpo_advantage, grpo_advantage, rloo_advantage
 
 torch.set_num_threads(1)
@@ -23,7 +22,13 @@ LENGTHS = [3, 1, 2, 3, 2, 1, 3, 3, 2, 1]
 WIDTH = 3
 
 
-def _batch():
+def _batch(rewards, mask, uid):
+    batch = Batch({"token_level_rewards": rewards, "response_mask": mask})
+    batch["uid"] = uid  # no row check here, so a test can hand in a wrong number of ids
+    return batch
+
+
+def _fixture():
     """The outcome reward sits on each response's last token; padding holds junk (7.0)."""
     rewards = torch.full((len(SCORES), WIDTH), 7.0)
     mask = torch.zeros(len(SCORES), WIDTH)
@@ -43,8 +48,8 @@ def _per_row(adv, mask):
 
 
 def _run(fn, config):
-    rewards, mask = _batch()
-    adv, returns = fn(token_level_rewards=rewards, response_mask=mask, index=INDEX, config=config)
+    rewards, mask = _fixture()
+    adv, returns = fn(_batch(rewards, mask, INDEX), config)
     torch.testing.assert_close(adv, returns)
     assert adv.shape == rewards.shape and adv.dtype == rewards.dtype
     return _per_row(adv, mask)
@@ -59,18 +64,17 @@ def test_grpo_normalised_by_group_std():
     assert a == pytest.approx(0.8660239, rel=1e-6)
     b = 1 / (1 + 1e-6)
     expected = [a, b, -a, 0.0, -b, -a, 0.0, 0.0, a, 0.0]
-    got = _run(grpo_advantage, SimpleNamespace(norm_adv_by_std_in_grpo=True))
+    got = _run(grpo_advantage, algorithm_config(norm_adv_by_std_in_grpo=True))
     assert got == pytest.approx(expected, rel=1e-6, abs=1e-7)
 
 
 def test_grpo_default_config_normalises_by_std():
-    got = _run(grpo_advantage, OmegaConf.structured(AlgorithmConfig))
+    got = _run(grpo_advantage, algorithm_config())
     assert got[0] == pytest.approx(0.8660239, rel=1e-6)
 
 
 def test_grpo_without_std():
-    cfg = OmegaConf.structured(AlgorithmConfig)
-    cfg.norm_adv_by_std_in_grpo = False
+    cfg = algorithm_config(norm_adv_by_std_in_grpo=False)
     # score - group mean: "a" +-0.5, "b" [1, -1, 0]
     expected = [0.5, 1.0, -0.5, 0.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
     assert _run(grpo_advantage, cfg) == pytest.approx(expected, abs=1e-7)
@@ -79,7 +83,7 @@ def test_grpo_without_std():
 def test_drgrpo_never_divides_by_std():
     # the config knob is ignored: Dr.GRPO is defined without the std
     expected = [0.5, 1.0, -0.5, 0.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
-    got = _run(drgrpo_advantage, SimpleNamespace(norm_adv_by_std_in_grpo=True))
+    got = _run(drgrpo_advantage, algorithm_config(norm_adv_by_std_in_grpo=True))
     assert got == pytest.approx(expected, abs=1e-7)
 
 
@@ -89,7 +93,7 @@ def test_rloo_leave_one_out():
     # (= n/(n-1) * (s - mean): 4/3 * 0.5 = 2/3, 3/2 * 1 = 1.5)
     t = 2 / 3
     expected = [t, 1.5, -t, 0.0, -1.5, -t, 0.0, 0.0, t, 0.0]
-    assert _run(rloo_advantage, None) == pytest.approx(expected, abs=1e-6)
+    assert _run(rloo_advantage, algorithm_config()) == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.parametrize("fn", [grpo_advantage, drgrpo_advantage, rloo_advantage])
@@ -97,39 +101,31 @@ def test_better_response_gets_positive_advantage(fn):
     # reward spread over tokens: row sums are 1.0 (0.5 + 0.5) and 0.0
     rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    adv, _ = fn(
-        token_level_rewards=rewards, response_mask=mask, index=np.array([0, 0]), config=None
-    )
+    adv, _ = fn(_batch(rewards, mask, np.array([0, 0])), algorithm_config())
     assert torch.all(adv[0] > 0) and torch.all(adv[1, :2] < 0) and adv[1, 2] == 0
     assert adv.requires_grad is False
 
 
-def test_index_may_be_ints_or_a_tensor():
-    rewards, mask = _batch()
-    expected = _run(grpo_advantage, None)
+def test_uid_may_be_ints_or_a_tensor():
+    rewards, mask = _fixture()
+    expected = _run(grpo_advantage, algorithm_config())
     codes = {"a": 0, "b": 1, "c": 2, "d": 3}
     as_ints = np.array([codes[i] for i in INDEX])
-    for index in (as_ints, torch.as_tensor(as_ints), list(as_ints)):
-        adv, _ = grpo_advantage(
-            token_level_rewards=rewards, response_mask=mask, index=index, config=None
-        )
+    for uid in (as_ints, torch.as_tensor(as_ints), list(as_ints)):
+        adv, _ = grpo_advantage(_batch(rewards, mask, uid), algorithm_config())
         assert adv[:, 0].tolist() == pytest.approx(expected, abs=1e-7)
 
 
-def test_index_must_match_rows():
-    rewards, mask = _batch()
+def test_uid_must_match_rows():
+    rewards, mask = _fixture()
     with pytest.raises(ValueError, match="one id per response"):
-        grpo_advantage(
-            token_level_rewards=rewards, response_mask=mask, index=INDEX[:3], config=None
-        )
+        grpo_advantage(_batch(rewards, mask, INDEX[:3]), algorithm_config())
 
 
 def test_shape_mismatch_is_a_clear_error():
-    rewards, mask = _batch()
+    rewards, mask = _fixture()
     with pytest.raises(ValueError, match=r"\[B, T\]"):
-        rloo_advantage(
-            token_level_rewards=rewards, response_mask=mask[:, :2], index=INDEX, config=None
-        )
+        rloo_advantage(_batch(rewards, mask[:, :2], INDEX), algorithm_config())
 
 
 def test_entry_point_module_is_light():
@@ -156,13 +152,26 @@ def test_registered_through_the_entry_point(monkeypatch):
     ):
         reg = registry.get(PluginKind.ADVANTAGE_ESTIMATOR, name)
         assert reg.provenance.distribution == "polyrl-algo-grpo"
-        assert reg.spec.requires_groups and not reg.spec.requires_critic
+        assert reg.spec.requires_groups
+        assert set(reg.spec.requires) == {"token_level_rewards", "response_mask", "uid"}
         assert reg.load() is fn
-    assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "drgrpo").spec.default_loss_agg_mode == (
-        "seq-mean-token-sum-norm"
-    )
-    assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "grpo").spec.default_loss_agg_mode is None
+    drgrpo = registry.get(PluginKind.ALGORITHM, "drgrpo").spec.config_defaults
+    assert drgrpo["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-sum-norm"
+    grpo = registry.get(PluginKind.ALGORITHM, "grpo").spec.config_defaults
+    assert "actor_rollout_ref.actor.loss_agg_mode" not in grpo
     assert registry.get(PluginKind.POLICY_LOSS, "gspo").load().__name__ == "gspo_policy_loss"
+
+
+def test_drgrpo_brings_its_loss_aggregation_and_the_command_line_wins():
+    from polyrl.config.loader import load_config
+
+    def mode(*overrides):
+        return load_config(list(overrides)).actor_rollout_ref.actor.loss_agg_mode
+
+    assert mode("algorithm.adv_estimator=drgrpo") == "seq-mean-token-sum-norm"
+    assert mode("algorithm.adv_estimator=grpo") == "token-mean"
+    explicit = "actor_rollout_ref.actor.loss_agg_mode=token-mean"
+    assert mode("algorithm.adv_estimator=drgrpo", explicit) == "token-mean"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -179,13 +188,9 @@ def test_random_groups_match_a_statistics_module_reference(seed):
     rewards = torch.zeros(len(ids), 2)
     rewards[:, 1] = torch.tensor(scores)
     mask = torch.ones(len(ids), 2)
-    index = np.array(ids)
-    grpo, _ = grpo_advantage(
-        token_level_rewards=rewards, response_mask=mask, index=index, config=None
-    )
-    rloo, _ = rloo_advantage(
-        token_level_rewards=rewards, response_mask=mask, index=index, config=None
-    )
+    batch = _batch(rewards, mask, np.array(ids))
+    grpo, _ = grpo_advantage(batch, algorithm_config())
+    rloo, _ = rloo_advantage(batch, algorithm_config())
     for row, (g, s) in enumerate(zip(ids, scores)):
         group = [scores[k] for k, h in enumerate(ids) if h == g]
         if len(group) == 1:

@@ -5,11 +5,10 @@ Importing this package imports torch; the entry-point modules of plugins refer t
 import string so that listing plugins stays light.
 """
 
-from polyrl.algorithms._config import cfg_get
 from polyrl.algorithms.actor_loss import LOSS_NORM_KEY, make_actor_loss_fn
 from polyrl.algorithms.functional import masked_mean, masked_sum, masked_var, masked_whiten
 from polyrl.algorithms.kl import (
-    KL_KINDS,
+    KL_PENALTY_TYPES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_in_reward,
@@ -25,14 +24,13 @@ from polyrl.algorithms.loss_agg import (
 from polyrl.algorithms.policy_loss import clip_ratios, clipped_surrogate, vanilla_policy_loss
 
 __all__ = [
-    "KL_KINDS",
+    "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
     "LOSS_NORM_KEY",
     "AdaptiveKLController",
     "FixedKLController",
     "agg_loss",
     "apply_kl_in_reward",
-    "cfg_get",
     "check_loss_agg_mode",
     "clip_ratios",
     "clipped_surrogate",

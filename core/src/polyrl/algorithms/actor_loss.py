@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.algorithms._config import cfg_get
 from polyrl.algorithms.kl import kl_penalty
 from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
 
@@ -31,24 +30,24 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
-def make_actor_loss_fn(
-    actor_cfg: Any, policy_loss_fn: PolicyLossFn, *, loss_agg_mode: str | None = None
-) -> MicroBatchLossFn:
+def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBatchLossFn:
     """Build the :class:`~polyrl.interfaces.MicroBatchLossFn` of the actor update.
 
     Reads ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef`` and
     ``kl_loss_type`` from ``actor_cfg`` (the ``actor_rollout_ref.actor`` node); the policy loss
-    reads its own knobs from the same node. ``loss_agg_mode`` overrides the config's (the trainer
-    passes an estimator's ``default_loss_agg_mode`` here, e.g. Dr.GRPO's).
+    gets the same node for its own knobs. An algorithm that needs another aggregation (Dr.GRPO)
+    sets ``loss_agg_mode`` through its config defaults, so the value read here is the one
+    ``polyrl config`` shows.
 
-    The micro-batch must hold ``old_log_probs``, ``advantages``, ``response_mask`` and, when
-    ``use_kl_loss``, ``ref_log_prob``.
+    The micro-batch must hold the keys the policy loss reads (``old_log_probs``, ``advantages``,
+    ``response_mask`` and whatever its spec's ``requires`` adds) and, when ``use_kl_loss``,
+    ``ref_log_prob``.
     """
-    mode = check_loss_agg_mode(loss_agg_mode or cfg_get(actor_cfg, "loss_agg_mode", "token-mean"))
-    entropy_coeff = float(cfg_get(actor_cfg, "entropy_coeff", 0.0))
-    use_kl_loss = bool(cfg_get(actor_cfg, "use_kl_loss", False))
-    kl_coef = float(cfg_get(actor_cfg, "kl_loss_coef", 0.001))
-    kl_type = str(cfg_get(actor_cfg, "kl_loss_type", "low_var_kl"))
+    mode = check_loss_agg_mode(actor_cfg.loss_agg_mode)
+    entropy_coeff = float(actor_cfg.entropy_coeff)
+    use_kl_loss = bool(actor_cfg.use_kl_loss)
+    kl_coef = float(actor_cfg.kl_loss_coef)
+    kl_type = str(actor_cfg.kl_loss_type)
 
     def actor_loss(
         micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
@@ -71,13 +70,7 @@ def make_actor_loss_fn(
             )
             return scaled, own
 
-        pg_mat, pg_metrics = policy_loss_fn(
-            old_log_prob=micro_batch["old_log_probs"],
-            log_prob=log_prob,
-            advantages=micro_batch["advantages"],
-            response_mask=mask,
-            config=actor_cfg,
-        )
+        pg_mat, pg_metrics = policy_loss_fn(micro_batch, log_prob, actor_cfg)
         loss, pg_loss = aggregate(pg_mat)
         metrics = {"actor/pg_loss": _as_float(pg_loss)}
         metrics.update({f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})

@@ -22,12 +22,16 @@ from typing import Any
 
 import torch
 
-from polyrl.algorithms._config import cfg_get
 from polyrl.algorithms.functional import masked_mean
 from polyrl.errors import ConfigError
 
 _ALIASES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_ESTIMATOR_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_PENALTY_TYPES = _ESTIMATOR_NAMES + tuple(f"{name}+" for name in _ESTIMATOR_NAMES)
+"""Every name :func:`kl_penalty` accepts (``algorithm.kl_penalty``,
+``actor_rollout_ref.actor.kl_loss_type``): each estimator by name or alias, alone or with the
+straight-through ``+``. The config validator checks names against this tuple, so that what
+``polyrl validate`` accepts and what the run accepts cannot disagree."""
 LOW_VAR_KL_CLAMP = 10.0
 _EXP_ARG_CLAMP = 20.0
 
@@ -47,14 +51,15 @@ def _kl_value(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]`` of the given ``kind`` (see the module doc)."""
-    straight_through = kind.endswith("+")
-    base = _ALIASES.get(kind.rstrip("+"), kind.rstrip("+"))
-    if base not in ("kl", "abs", "mse", "low_var_kl"):
-        valid = ", ".join(KL_KINDS)
+    if kind not in KL_PENALTY_TYPES:
+        valid = ", ".join(_ESTIMATOR_NAMES)
         raise ConfigError(
             f"unknown KL estimator {kind!r}; valid: {valid} (add '+' for a k2 gradient), set by "
             f"algorithm.kl_penalty or actor_rollout_ref.actor.kl_loss_type"
         )
+    straight_through = kind.endswith("+")
+    base = kind.removesuffix("+")
+    base = _ALIASES.get(base, base)
     value = _kl_value(log_prob, ref_log_prob, base)
     if not straight_through:
         return value
@@ -99,16 +104,14 @@ KLController = FixedKLController | AdaptiveKLController
 
 
 def make_kl_controller(kl_ctrl_config: Any) -> KLController:
-    """Build the controller ``algorithm.kl_ctrl`` describes (``type``: fixed | adaptive)."""
-    kind = cfg_get(kl_ctrl_config, "type", "fixed")
-    coef = float(cfg_get(kl_ctrl_config, "kl_coef", 0.001))
+    """Build the controller the ``algorithm.kl_ctrl`` node describes (``type``: fixed |
+    adaptive)."""
+    kind = kl_ctrl_config.type
     if kind == "fixed":
-        return FixedKLController(coef)
+        return FixedKLController(kl_ctrl_config.kl_coef)
     if kind == "adaptive":
         return AdaptiveKLController(
-            coef,
-            float(cfg_get(kl_ctrl_config, "target_kl", 0.1)),
-            int(cfg_get(kl_ctrl_config, "horizon", 10000)),
+            kl_ctrl_config.kl_coef, kl_ctrl_config.target_kl, kl_ctrl_config.horizon
         )
     raise ConfigError(f"unknown algorithm.kl_ctrl.type {kind!r}; valid: fixed, adaptive")
 

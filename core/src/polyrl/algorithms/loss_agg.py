@@ -70,10 +70,11 @@ def agg_loss(
     - ``seq-mean-token-sum``: ``sum_i(sum_t loss_it) / num_seqs``.
     - ``seq-mean-token-mean``: ``sum_i(mean_t loss_it) / num_seqs`` -- every sequence weighs the
       same, whatever its length (the original GRPO objective).
-    - ``seq-mean-token-sum-norm``: ``sum(loss * mask) / (num_seqs * max_len)`` -- Dr.GRPO's
-      ``1/G * sum_i sum_t`` with the length normaliser replaced by a constant. (verl divides by
-      ``max_len`` only, i.e. its loss is ``num_seqs`` times this one; ours is the paper's form, a
-      per-sequence mean, so its scale does not grow with the batch size.)
+    - ``seq-mean-token-sum-norm``: ``sum_i(sum_t loss_it / max_len) / num_seqs``, i.e.
+      ``sum(loss * mask) / (num_seqs * max_len)`` -- Dr.GRPO's ``1/G * sum_i sum_t``: each
+      sequence's token sum divided by one constant instead of its own length (which would bias
+      towards long wrong answers), then averaged over sequences so the scale does not grow with
+      the batch size. verl computes the same (its ``loss_scale_factor`` is our ``max_len``).
 
     Defaults when a denominator is not given: ``num_tokens`` = masked-in tokens, ``num_seqs`` =
     rows with at least one masked-in token, ``max_len`` = ``T``. An empty mask gives 0.

@@ -12,22 +12,28 @@ unbounded loss and gradient; ``min(., -A * c)`` caps it at ``|A| * c`` (and zero
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.algorithms._config import cfg_get
 from polyrl.algorithms.functional import masked_mean
 from polyrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
 
 LOG_RATIO_CLAMP = 20.0
 
 
 def clip_ratios(config: Any) -> tuple[float, float]:
-    """``(clip_ratio_low, clip_ratio_high)``, each falling back to ``clip_ratio`` (default 0.2)."""
-    base = float(cfg_get(config, "clip_ratio", 0.2))
-    low = float(cfg_get(config, "clip_ratio_low", base))
-    high = float(cfg_get(config, "clip_ratio_high", base))
+    """``(clip_ratio_low, clip_ratio_high)`` of the ``actor_rollout_ref.actor`` node.
+
+    The schema declares both ``None``, meaning "the symmetric ``clip_ratio``": setting only
+    ``clip_ratio`` keeps PPO's symmetric range, and DAPO's clip-higher sets just one side.
+    """
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    low, high = float(low), float(high)
     if low < 0 or high < 0:
         raise ConfigError(
             f"actor_rollout_ref.actor.clip_ratio_low/high must be >= 0, got low={low}, high={high}"
@@ -54,22 +60,21 @@ def clipped_surrogate(
 
 
 def vanilla_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
+    batch: Batch, log_prob: torch.Tensor, config: Any
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Per-token PPO loss ``[B, T]`` (zero on padding) and metrics over the masked tokens:
     ``pg_clipfrac`` (share of tokens where the clipped branch was taken), ``pg_clipfrac_lower``
-    (share where the dual clip was taken) and ``ppo_kl`` (mean of ``old_log_prob - log_prob``).
+    (share where the dual clip was taken) and ``ppo_kl`` (mean of ``old_log_probs - log_prob``).
 
-    Reads ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high`` and ``clip_ratio_c`` from
-    ``config`` (the ``actor_rollout_ref.actor`` node).
+    Reads ``old_log_probs``, ``advantages`` and ``response_mask`` from ``batch``, and
+    ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high`` and ``clip_ratio_c`` from ``config``
+    (the ``actor_rollout_ref.actor`` node).
     """
+    old_log_prob = batch["old_log_probs"]
+    advantages = batch["advantages"]
+    response_mask = batch["response_mask"]
     low, high = clip_ratios(config)
-    clip_c = float(cfg_get(config, "clip_ratio_c", 3.0))
+    clip_c = float(config.clip_ratio_c)
     if clip_c <= 1.0:
         raise ConfigError(
             f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (the dual-clip bound is "

@@ -27,7 +27,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         "reasoning-gym",
         help="problems of a reasoning-gym task with its verifiable scorer",
         description="Problems of a reasoning-gym task. Rows get data_source "
-        "reasoning_gym/<task>; the reward uses the task's own scorer.",
+        "reasoning_gym/<task>; the reward uses the task's own scorer. Needs the reasoning-gym "
+        "extra: pip install 'polyrl[reasoning-gym]'.",
     )
     rg.add_argument("--task", required=True, help="task name, e.g. chain_sum, basic_arithmetic")
     rg.add_argument(

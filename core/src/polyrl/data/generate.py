@@ -1,6 +1,9 @@
 """Writers of verl-format train/val parquet files, offline: reasoning-gym tasks and polyrl's tiny
 synthetic task.
 
+reasoning-gym is an extra of polyrl (``pip install 'polyrl[reasoning-gym]'``), imported only when
+one of its tasks is generated; :data:`GENERATOR_MODULES` says which generator needs which library.
+
 The files are ordinary verl-format parquet (``data_source``, ``prompt``, ``ability``,
 ``reward_model``, ``extra_info``), so they work with verl too, and polyrl reads verl's files the
 same way.
@@ -57,6 +60,9 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 # ---- reasoning-gym ------------------------------------------------------------------------------
 def _create_task_dataset(task: str, size: int, seed: int, task_config: Mapping[str, Any]) -> Any:
+    from polyrl.preflight import require_extra
+
+    require_extra(f"the reasoning-gym task {task!r}", ("reasoning_gym",), DataError)
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
@@ -266,3 +272,6 @@ GENERATORS: dict[str, Callable[[Path, dict[str, Any], str | None], dict[str, Pat
     "tiny_digits": _gen_tiny_digits,
     "reasoning_gym": _gen_reasoning_gym,
 }
+#: The optional libraries (keys of :data:`polyrl.preflight.CORE_EXTRAS`) each generator needs, to
+#: write its rows and to score them: checked before generating and by ``polyrl validate``.
+GENERATOR_MODULES: dict[str, tuple[str, ...]] = {"reasoning_gym": ("reasoning_gym",)}

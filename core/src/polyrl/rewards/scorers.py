@@ -6,7 +6,9 @@ functions of strings so that they run the same in a worker process as in the dri
 
 Heavy optional libraries (``math_verify``, ``reasoning_gym``) are imported inside the functions
 that need them: importing this module stays cheap, which matters because every reward worker
-process imports it at start.
+process imports it at start. Both are extras of polyrl (``pip install 'polyrl[math]'``,
+``pip install 'polyrl[reasoning-gym]'``); scoring a row without its library fails with one line
+saying which to install (:func:`missing_extra_for_source`).
 
 Supported ``data_source`` values (see :func:`supported_data_sources`):
 
@@ -149,6 +151,7 @@ def math_score(solution_str: str, ground_truth: Any) -> float:
     use SIGALRM, which only works in a main thread; elsewhere they are off (the reward runner
     enforces its own per-sample timeout).
     """
+    _require("scoring MATH-style answers", "math_verify")
     from math_verify import parse, verify
 
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
@@ -173,6 +176,7 @@ def _reasoning_gym_scorer(
     """The task's ``score_answer``, bound to a dataset built with the task config the rows were
     generated with: some scorers read their config (decimal_arithmetic's decimal places,
     time_intervals' tolerances), so the default config could score differently."""
+    _require(f"scoring data_source 'reasoning_gym/{task}'", "reasoning_gym")
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
@@ -269,7 +273,41 @@ def preload() -> None:
             continue
 
 
+# ---- optional libraries -------------------------------------------------------------------------
+def _source_modules(data_source: str) -> tuple[str, ...]:
+    """The optional libraries the built-in scorer of ``data_source`` needs."""
+    source = str(data_source)
+    if source in EXACT_SOURCES or source in GSM8K_SOURCES or source == TINY_DIGITS_SOURCE:
+        return ()
+    if source.startswith("reasoning_gym"):
+        return ("reasoning_gym",)
+    if _is_math_source(source):
+        return ("math_verify",)
+    return ()
+
+
+def missing_extra_for_source(data_source: str) -> str | None:
+    """None unless the built-in scorer of ``data_source`` needs a library that is not installed;
+    then one line naming it and the install command, e.g. ``data_source 'math' needs
+    math-verify: pip install 'polyrl[math]'``. Cheap: imports nothing."""
+    from polyrl.preflight import missing_extra
+
+    return missing_extra(f"data_source {data_source!r}", _source_modules(data_source))
+
+
+def _require(what: str, module: str) -> None:
+    from polyrl.errors import PolyrlError
+    from polyrl.preflight import require_extra
+
+    require_extra(what, (module,), PolyrlError)
+
+
 # ---- dispatch -----------------------------------------------------------------------------------
+def _is_math_source(source: str) -> bool:
+    # Listed MATH sources, and other hub names whose last part is MATH-something (MATH-500 ...).
+    return source in MATH_SOURCES or "math" in source.lower().split("/")[-1].split("-")
+
+
 def supported_data_sources() -> list[str]:
     """The ``data_source`` values :func:`default_compute_score` knows (``<task>``: a pattern)."""
     return [
@@ -303,8 +341,7 @@ def default_compute_score(
         return reasoning_gym_score(source, solution_str, ground_truth, extra)
     if source == TINY_DIGITS_SOURCE:
         return tiny_digits_score(solution_str, ground_truth)
-    # Listed MATH sources, and other hub names whose last part is MATH-something (MATH-500 ...).
-    if source in MATH_SOURCES or "math" in source.lower().split("/")[-1].split("-"):
+    if _is_math_source(source):
         return math_score(solution_str, ground_truth)
     raise ValueError(
         f"no built-in scorer for data_source {source!r}. Built-in: "

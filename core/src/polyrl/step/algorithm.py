@@ -39,9 +39,7 @@ def select_algorithm(
 
 def build_pipeline(cfg: Any, registry: Registry | None = None) -> StepPipeline:
     """The step of the algorithm ``cfg`` selects, checked against the roles it declares."""
-    registration = select_algorithm(
-        cfg.algorithm.name, str(cfg.algorithm.adv_estimator), registry
-    )
+    registration = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator), registry)
     pipeline = registration.load()(cfg)
     if not isinstance(pipeline, StepPipeline):
         raise ConfigError(

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "AdvantageEstimatorConformance",
+    "AlgorithmConformance",
     "LoggerConformance",
     "PolicyLossConformance",
     "RewardProviderConformance",

@@ -158,10 +158,42 @@ class _PluginConformance:
         )
 
 
-# ---- advantage estimators ----------------------------------------------------------------------
-class AdvantageEstimatorConformance(_PluginConformance):
-    """``(advantages, returns) = fn(token_level_rewards=, response_mask=, index=, config=,
-    values=)``.
+# ---- advantage estimators and policy losses ----------------------------------------------------
+class _RequiredKeysBatch:
+    """Builds the batch an estimator or a loss is called with: exactly the keys its spec
+    ``requires``, so that reading an undeclared key fails here (with a ``KeyError`` naming it)
+    instead of in a run whose step did not happen to provide it."""
+
+    def extra_fields(self, rows: int, length: int) -> dict[str, Any]:
+        """Fields your spec ``requires`` that this suite cannot make up (a baseline, a second
+        reward ...): ``{key: tensor or array}``, each with ``rows`` rows; ``length`` is the
+        response width."""
+        return {}
+
+    def required_batch(self, registration: Registration, known: dict[str, Any]) -> Any:
+        """A :class:`~polyrl.batch.Batch` of the required keys, taken from ``known`` (the fields
+        this suite makes up) and :meth:`extra_fields`."""
+        from polyrl.batch import Batch
+
+        rows, length = known["response_mask"].shape
+        fields = {**known, **self.extra_fields(rows, length)}
+        requires = registration.spec.requires
+        missing = [key for key in requires if key not in fields]
+        if missing:
+            pytest.fail(
+                f"the spec requires {missing}, which this suite cannot make up; return them "
+                f"from {type(self).__name__}.extra_fields(rows, length)"
+            )
+        batch = Batch()
+        for key in requires:
+            batch[key] = fields[key]
+        return batch
+
+
+class AdvantageEstimatorConformance(_RequiredKeysBatch, _PluginConformance):
+    """``(advantages, returns) = fn(batch, config)``; the batch holds the keys of the spec's
+    ``requires`` (this suite makes up ``token_level_rewards``, ``response_mask``, ``uid`` and
+    ``values``; give others with ``extra_fields``).
 
     Override ``config_overrides`` to set ``algorithm.*`` knobs (e.g. ``{"gamma": 0.99}``).
     Set ``zero_for_equal_group_rewards = False`` if, unlike GRPO/RLOO, your group estimator gives
@@ -177,14 +209,11 @@ class AdvantageEstimatorConformance(_PluginConformance):
     check_permutation: ClassVar[bool] = True
 
     def estimator_config(self) -> Any:
-        from omegaconf import OmegaConf
+        from polyrl.testing.configs import algorithm_config
 
-        from polyrl.config.schema import AlgorithmConfig
+        return algorithm_config(**self.config_overrides)
 
-        config = OmegaConf.structured(AlgorithmConfig)
-        return OmegaConf.merge(config, self.config_overrides)
-
-    def make_inputs(self, registration: Registration, seed: int = 0) -> dict[str, Any]:
+    def make_batch(self, registration: Registration, seed: int = 0) -> Any:
         """Outcome rewards on the last real token of ragged responses, grouped by prompt."""
         import numpy as np
         import torch
@@ -197,19 +226,16 @@ class AdvantageEstimatorConformance(_PluginConformance):
         rewards = torch.zeros(rows, length)
         scores = torch.randn(rows, generator=gen)
         rewards[torch.arange(rows), lengths - 1] = scores
-        index = np.array([f"prompt-{i // self.group_size}" for i in range(rows)], dtype=object)
-        inputs: dict[str, Any] = {
+        known = {
             "token_level_rewards": rewards,
             "response_mask": mask,
-            "index": index,
-            "config": self.estimator_config(),
+            "uid": np.array([f"prompt-{i // self.group_size}" for i in range(rows)], dtype=object),
+            "values": torch.randn(rows, length, generator=gen) * mask,
         }
-        if registration.spec.requires_critic:
-            inputs["values"] = torch.randn(rows, length, generator=gen) * mask
-        return inputs
+        return self.required_batch(registration, known)
 
-    def run(self, implementation: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
-        return implementation(**inputs)
+    def run(self, implementation: Any, batch: Any) -> tuple[Any, Any]:
+        return implementation(batch, self.estimator_config())
 
     def test_is_callable(self, implementation: Any) -> None:
         assert callable(implementation)
@@ -219,9 +245,9 @@ class AdvantageEstimatorConformance(_PluginConformance):
     ) -> None:
         import torch
 
-        inputs = self.make_inputs(registration)
-        advantages, returns = self.run(implementation, inputs)
-        shape = inputs["response_mask"].shape
+        batch = self.make_batch(registration)
+        advantages, returns = self.run(implementation, batch)
+        shape = batch["response_mask"].shape
         for name, out in (("advantages", advantages), ("returns", returns)):
             assert isinstance(out, torch.Tensor), f"{name} must be a tensor"
             assert out.shape == shape, f"{name} has shape {tuple(out.shape)}, want {tuple(shape)}"
@@ -231,18 +257,18 @@ class AdvantageEstimatorConformance(_PluginConformance):
     def test_zero_outside_response_mask(
         self, implementation: Any, registration: Registration
     ) -> None:
-        inputs = self.make_inputs(registration)
-        advantages, returns = self.run(implementation, inputs)
-        outside = inputs["response_mask"] == 0
+        batch = self.make_batch(registration)
+        advantages, returns = self.run(implementation, batch)
+        outside = batch["response_mask"] == 0
         assert (advantages[outside] == 0).all(), "advantages must be 0 on padding"
         assert (returns[outside] == 0).all(), "returns must be 0 on padding"
 
     def test_inputs_not_modified(self, implementation: Any, registration: Registration) -> None:
-        inputs = self.make_inputs(registration)
-        before = {k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")}
-        self.run(implementation, inputs)
+        batch = self.make_batch(registration)
+        before = {key: value.clone() for key, value in batch.tensors.items()}
+        self.run(implementation, batch)
         for key, value in before.items():
-            assert (inputs[key] == value).all(), f"the estimator modified {key} in place"
+            assert (batch[key] == value).all(), f"the estimator modified {key} in place"
 
     def test_rows_permute_with_their_group_ids(
         self, implementation: Any, registration: Registration
@@ -252,16 +278,10 @@ class AdvantageEstimatorConformance(_PluginConformance):
 
         if not self.check_permutation:
             pytest.skip("check_permutation = False")
-        inputs = self.make_inputs(registration)
-        advantages, returns = self.run(implementation, inputs)
-        rows = inputs["response_mask"].shape[0]
-        perm = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
-        shuffled = dict(inputs)
-        for key in ("token_level_rewards", "response_mask", "values"):
-            if key in inputs:
-                shuffled[key] = inputs[key][perm]
-        shuffled["index"] = inputs["index"][perm.numpy()]
-        adv2, ret2 = self.run(implementation, shuffled)
+        batch = self.make_batch(registration)
+        advantages, returns = self.run(implementation, batch)
+        perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(1))
+        adv2, ret2 = self.run(implementation, batch.select_rows(perm))
         torch.testing.assert_close(adv2, advantages[perm], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(ret2, returns[perm], atol=1e-5, rtol=1e-4)
 
@@ -272,21 +292,21 @@ class AdvantageEstimatorConformance(_PluginConformance):
             pytest.skip("only for group-relative estimators")
         import torch
 
-        inputs = self.make_inputs(registration)
-        mask = inputs["response_mask"]
+        batch = self.make_batch(registration)
+        mask = batch["response_mask"]
         last = mask.sum(-1).long() - 1
         rewards = torch.zeros_like(mask)
         group_score = torch.tensor([float(i // self.group_size) for i in range(mask.shape[0])])
         rewards[torch.arange(mask.shape[0]), last] = group_score
-        inputs["token_level_rewards"] = rewards
-        advantages, _ = self.run(implementation, inputs)
+        batch["token_level_rewards"] = rewards
+        advantages, _ = self.run(implementation, batch)
         torch.testing.assert_close(advantages, torch.zeros_like(advantages), atol=1e-5, rtol=0)
 
 
-# ---- policy losses -----------------------------------------------------------------------------
-class PolicyLossConformance(_PluginConformance):
-    """``(loss[B, T], metrics) = fn(old_log_prob=, log_prob=, advantages=, response_mask=,
-    config=)``.
+class PolicyLossConformance(_RequiredKeysBatch, _PluginConformance):
+    """``(loss[B, T], metrics) = fn(batch, log_prob, config)``; the batch holds the keys of the
+    spec's ``requires`` (this suite makes up ``old_log_probs``, ``advantages``,
+    ``response_mask`` and ``rollout_log_probs``; give others with ``extra_fields``).
 
     ``config_overrides`` sets ``actor_rollout_ref.actor.*`` knobs. ``check_gradient_sign``: at the
     on-policy point a loss to be *minimised* must push log-probs up where the advantage is positive.
@@ -299,13 +319,15 @@ class PolicyLossConformance(_PluginConformance):
     check_gradient_sign: ClassVar[bool] = True
 
     def loss_config(self) -> Any:
-        from omegaconf import OmegaConf
+        from polyrl.testing.configs import actor_config
 
-        from polyrl.config.schema import ActorConfig
+        return actor_config(**self.config_overrides)
 
-        return OmegaConf.merge(OmegaConf.structured(ActorConfig), self.config_overrides)
-
-    def make_inputs(self, seed: int = 0, on_policy: bool = False) -> dict[str, Any]:
+    def make_inputs(
+        self, registration: Registration, seed: int = 0, on_policy: bool = False
+    ) -> tuple[Any, Any]:
+        """``(batch, log_prob)``: ragged responses, the current log-probs (a leaf that requires
+        grad) drifted from the old ones unless ``on_policy``, one advantage per response."""
         import torch
 
         gen = torch.Generator().manual_seed(seed)
@@ -317,69 +339,133 @@ class PolicyLossConformance(_PluginConformance):
         drift = 0.0 if on_policy else 0.1
         new = (old + drift * torch.randn(rows, length, generator=gen) * mask).requires_grad_(True)
         advantages = torch.randn(rows, 1, generator=gen).expand(rows, length) * mask
-        return {
-            "old_log_prob": old,
-            "log_prob": new,
+        known = {
+            "old_log_probs": old,
             "advantages": advantages.contiguous(),
             "response_mask": mask,
-            "config": self.loss_config(),
+            "rollout_log_probs": old + 0.05 * torch.randn(rows, length, generator=gen) * mask,
         }
+        return self.required_batch(registration, known), new
+
+    def run(self, implementation: Any, batch: Any, log_prob: Any) -> tuple[Any, Any]:
+        return implementation(batch, log_prob, self.loss_config())
 
     def test_is_callable(self, implementation: Any) -> None:
         assert callable(implementation)
 
-    def test_returns_token_matrix_and_metrics(self, implementation: Any) -> None:
+    def test_returns_token_matrix_and_metrics(
+        self, implementation: Any, registration: Registration
+    ) -> None:
         import torch
 
-        inputs = self.make_inputs()
-        loss, metrics = implementation(**inputs)
+        batch, log_prob = self.make_inputs(registration)
+        loss, metrics = self.run(implementation, batch, log_prob)
+        mask = batch["response_mask"]
         assert isinstance(loss, torch.Tensor)
-        assert loss.shape == inputs["response_mask"].shape, (
+        assert loss.shape == mask.shape, (
             f"the loss must be per token [B, T], got {tuple(loss.shape)}"
         )
-        assert torch.isfinite(loss[inputs["response_mask"] > 0]).all()
+        assert torch.isfinite(loss[mask > 0]).all()
         assert isinstance(metrics, dict)
         for name, value in metrics.items():
             assert isinstance(name, str)
             assert math.isfinite(_scalar(value)), f"metric {name} is not a finite scalar"
 
-    def test_has_gradient_wrt_log_prob(self, implementation: Any) -> None:
+    def test_has_gradient_wrt_log_prob(
+        self, implementation: Any, registration: Registration
+    ) -> None:
         import torch
 
-        inputs = self.make_inputs()
-        loss, _ = implementation(**inputs)
-        mask = inputs["response_mask"]
+        batch, log_prob = self.make_inputs(registration)
+        loss, _ = self.run(implementation, batch, log_prob)
+        mask = batch["response_mask"]
         (loss * mask).sum().backward()
-        grad = inputs["log_prob"].grad
+        grad = log_prob.grad
         assert grad is not None, "the loss does not depend on log_prob"
         assert torch.isfinite(grad).all()
         assert (grad[mask > 0] != 0).any(), "the gradient w.r.t. log_prob is zero everywhere"
         assert (grad[mask == 0] == 0).all()
 
-    def test_on_policy_gradient_follows_the_advantage(self, implementation: Any) -> None:
+    def test_on_policy_gradient_follows_the_advantage(
+        self, implementation: Any, registration: Registration
+    ) -> None:
         import torch
 
         if not self.check_gradient_sign:
             pytest.skip("check_gradient_sign = False")
-        inputs = self.make_inputs(on_policy=True)
-        loss, _ = implementation(**inputs)
-        mask = inputs["response_mask"]
+        batch, log_prob = self.make_inputs(registration, on_policy=True)
+        loss, _ = self.run(implementation, batch, log_prob)
+        mask = batch["response_mask"]
         (loss * mask).sum().backward()
-        grad, adv = inputs["log_prob"].grad, inputs["advantages"]
+        grad, adv = log_prob.grad, batch["advantages"]
         product = (grad * adv)[mask > 0]
         assert (product <= 1e-6).all(), "minimising the loss must raise log-probs where A > 0"
         assert product.sum() < 0
         assert torch.isfinite(grad).all()
 
-    def test_inputs_not_modified(self, implementation: Any) -> None:
-        inputs = self.make_inputs()
-        before = {k: v.detach().clone() for k, v in inputs.items() if hasattr(v, "detach")}
-        implementation(**inputs)
+    def test_inputs_not_modified(self, implementation: Any, registration: Registration) -> None:
+        batch, log_prob = self.make_inputs(registration)
+        before = {key: value.clone() for key, value in batch.tensors.items()}
+        log_prob_before = log_prob.detach().clone()
+        self.run(implementation, batch, log_prob)
         for key, value in before.items():
-            assert (inputs[key].detach() == value).all(), f"the loss modified {key} in place"
+            assert (batch[key] == value).all(), f"the loss modified {key} in place"
+        assert (log_prob.detach() == log_prob_before).all(), "the loss modified log_prob in place"
 
 
 # ---- reward providers --------------------------------------------------------------------------
+class AlgorithmConformance(_PluginConformance):
+    """An :class:`~polyrl.specs.AlgorithmSpec`: its pipeline builds from a composed config, every
+    stage declares its contract, the chain of batch keys is complete, and the stages use only the
+    roles the spec declares.
+
+    ``overrides`` are the config overrides the pipeline is built with (a recipe and the keys that
+    select this algorithm); the default selects it by name on ``recipe=tiny``.
+    """
+
+    kind = PluginKind.ALGORITHM
+
+    def overrides(self) -> list[str]:
+        return ["recipe=tiny", f"algorithm.name={self.plugin_name}"]
+
+    @pytest.fixture
+    def pipeline(self, conformance_registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Any:
+        from polyrl import registry as registry_module
+        from polyrl.config.loader import load_config
+        from polyrl.step.algorithm import build_pipeline
+
+        monkeypatch.setattr(registry_module, "_registry", conformance_registry)
+        return build_pipeline(load_config(self.overrides()), conformance_registry)
+
+    def test_every_stage_declares_its_contract(self, pipeline: Any) -> None:
+        from polyrl.step import Stage
+
+        for stage in pipeline.stages:
+            assert isinstance(stage, Stage), f"{stage!r} must subclass polyrl.step.Stage"
+            assert stage.name, f"{type(stage).__name__} needs a name"
+            for field in ("requires", "provides", "roles"):
+                value = getattr(stage, field)
+                assert isinstance(value, tuple) and all(isinstance(v, str) for v in value), (
+                    f"stage {stage.name!r}: {field} must be a tuple of strings, got {value!r}"
+                )
+
+    def test_the_chain_of_batch_keys_is_complete(self, pipeline: Any) -> None:
+        assert pipeline.check() == []
+
+    def test_roles_used_are_declared(self, pipeline: Any, registration: Registration) -> None:
+        undeclared = set(pipeline.roles()) - set(registration.spec.roles)
+        assert not undeclared, f"stages use roles {undeclared} that the spec does not declare"
+
+    def test_config_defaults_are_declared_keys(self, registration: Registration) -> None:
+        from polyrl.config.keys import FREE_FORM_PREFIXES, schema_keys
+
+        declared = set(schema_keys())
+        for key in registration.spec.config_defaults:
+            assert key in declared or key.startswith(tuple(p + "." for p in FREE_FORM_PREFIXES)), (
+                f"config_defaults key {key!r} is not a config key (`polyrl config` lists them)"
+            )
+
+
 class RewardProviderConformance(_PluginConformance):
     """A :class:`polyrl.interfaces.RewardProvider`: one :class:`RewardResult` per sample, in order.
 

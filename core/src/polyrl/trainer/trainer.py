@@ -300,8 +300,9 @@ class RLTrainer:
 def config_summary(cfg: DictConfig) -> str:
     """One line on what is about to run."""
     arr = cfg.actor_rollout_ref
+    algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator)).name
     return (
-        f"polyrl: {cfg.algorithm.adv_estimator} | model {arr.model.path} | engine "
+        f"polyrl: {algorithm} ({cfg.algorithm.adv_estimator}) | model {arr.model.path} | engine "
         f"{arr.actor.strategy} | rollout {arr.rollout.name} x{arr.rollout.n} | "
         f"{world_size_of(cfg)} worker(s) on {cfg.trainer.device} | "
         f"out {cfg.trainer.default_local_dir}"

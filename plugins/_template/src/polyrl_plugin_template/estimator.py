@@ -11,28 +11,29 @@ The returns equal the advantages (there is no critic to regress on them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from polyrl.config.keys import plugin_settings
 from polyrl_plugin_template.settings import ReinforceBaselineSettings
 
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+
 SETTINGS_SECTION = "template_reinforce"
 
 
-def reinforce_batch_baseline(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any,
-    values: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns ``[B, T]`` (see the module docstring); zero on padding."""
+def reinforce_batch_baseline(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ``[B, T]`` (see the module docstring); zero on padding.
+
+    Reads ``token_level_rewards`` and ``response_mask`` from ``batch`` (it ignores the group
+    ids), and its settings from the section ``plugins.template_reinforce`` of the config that
+    ``config`` (the ``algorithm`` node) belongs to.
+    """
     settings = plugin_settings(config, SETTINGS_SECTION, ReinforceBaselineSettings)
-    mask = response_mask.to(token_level_rewards.dtype)
+    token_level_rewards = batch["token_level_rewards"]
+    mask = batch["response_mask"].to(token_level_rewards.dtype)
     scores = (token_level_rewards * mask).sum(dim=-1)
     count = scores.shape[0]
     if settings.leave_one_out and count > 1:

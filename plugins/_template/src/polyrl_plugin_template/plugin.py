@@ -18,8 +18,7 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
         name="template_reinforce",
         description="REINFORCE: outcome score minus the batch-mean score (template plugin)",
         fn="polyrl_plugin_template.estimator:reinforce_batch_baseline",
-        requires_critic=False,
-        requires_groups=False,
+        requires=("token_level_rewards", "response_mask"),  # no group ids: works with n=1
         config_class="polyrl_plugin_template.settings:ReinforceBaselineSettings",
     )
 

@@ -2,7 +2,7 @@
 
 Each response gets one score, the sum of its token-level rewards (the verifier's reward sits on
 the last token; a KL penalty in the reward is spread over the tokens and summed in too). The
-score is compared within its group (rows sharing an ``index`` id), and the resulting scalar is
+score is compared within its group (rows sharing a ``uid``), and the resulting scalar is
 broadcast to every response token (zero on padding). ``returns`` equal the advantages: there is
 no value function to fit.
 
@@ -18,13 +18,14 @@ filtering can leave one sample), so we keep them neutral.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from polyrl.algorithms import cfg_get
 from polyrl_algo_grpo.grouping import GroupStats, group_stats
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
 
 GRPO_EPSILON = 1e-6
 
@@ -43,17 +44,17 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
 
 
 def _group_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    centre: Callable[[torch.Tensor, GroupStats], torch.Tensor],
+    batch: Batch, centre: Callable[[torch.Tensor, GroupStats], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frame every estimator here shares: one float64 score per response, its group's
-    statistics, ``centre(scores, stats)`` (the estimator's own formula) with singletons set to 0,
-    broadcast to the response tokens (0 on padding); ``returns`` equal the advantages."""
+    """The frame every estimator here shares: one float64 score per response, the statistics of
+    its group (``batch["uid"]``), ``centre(scores, stats)`` (the estimator's own formula) with
+    singletons set to 0, broadcast to the response tokens (0 on padding); ``returns`` equal the
+    advantages."""
+    token_level_rewards = batch["token_level_rewards"]
+    response_mask = batch["response_mask"]
     _check(token_level_rewards, response_mask)
     scores = _scores(token_level_rewards, response_mask).to(torch.float64)
-    stats = group_stats(scores, index)
+    stats = group_stats(scores, batch["uid"])
     centred = torch.where(stats.size > 1, centre(scores, stats), 0.0)
     dtype = token_level_rewards.dtype
     adv = centred.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
@@ -61,58 +62,36 @@ def _group_outcome_advantage(
 
 
 @torch.no_grad()
-def grpo_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any,
-    values: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al., 2024): ``(s - mean_g) / (std_g + 1e-6)`` with the unbiased group std,
     or ``s - mean_g`` when ``algorithm.norm_adv_by_std_in_grpo`` is false.
 
     A group whose scores are all equal (all right, all wrong) gets advantage 0: it carries no
     signal. A singleton group gets 0 (see the module doc).
     """
-    by_std = bool(cfg_get(config, "norm_adv_by_std_in_grpo", True))
+    by_std = bool(config.norm_adv_by_std_in_grpo)
 
     def centre(scores: torch.Tensor, stats: GroupStats) -> torch.Tensor:
         centred = scores - stats.mean
         return centred / (stats.std + GRPO_EPSILON) if by_std else centred
 
-    return _group_outcome_advantage(token_level_rewards, response_mask, index, centre)
+    return _group_outcome_advantage(batch, centre)
 
 
 @torch.no_grad()
-def drgrpo_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any,
-    values: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def drgrpo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr.GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training"): ``s - mean_g``.
 
     Dividing by the group std up-weights prompts that are nearly always solved or failed (small
     std), a difficulty bias; Dr.GRPO drops it, and pairs this with the ``seq-mean-token-sum-norm``
-    aggregation (its spec's ``default_loss_agg_mode``) to remove the length bias too.
+    aggregation (set by the ``drgrpo`` algorithm's config defaults) to remove the length bias too.
+    ``config`` has no knob for it: ``norm_adv_by_std_in_grpo`` is ignored.
     """
-    return _group_outcome_advantage(
-        token_level_rewards, response_mask, index, lambda scores, stats: scores - stats.mean
-    )
+    return _group_outcome_advantage(batch, lambda scores, stats: scores - stats.mean)
 
 
 @torch.no_grad()
-def rloo_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    config: Any,
-    values: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al., 2024): ``s_i - mean of the other n-1 scores of the group``.
 
     The leave-one-out baseline does not depend on the sample itself, so the estimate stays
@@ -123,4 +102,4 @@ def rloo_advantage(
         others = (stats.total - scores) / (stats.size - 1).clamp_min(1)
         return scores - others
 
-    return _group_outcome_advantage(token_level_rewards, response_mask, index, centre)
+    return _group_outcome_advantage(batch, centre)

@@ -1,6 +1,6 @@
 """Per-group statistics of one score per response, for estimators that compare the samples of
-one prompt. Groups are given as ``index``: one id per row (any hashable: the prompt's uid
-string, an int ...); rows need not be contiguous."""
+one prompt. Groups are given as the batch's ``uid`` column: one id per row (any hashable: the
+prompt's uid string, an int ...); rows need not be contiguous."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def group_ids(index: np.ndarray | Sequence[Any], rows: int) -> torch.Tensor:
     ids = list(np.asarray(index, dtype=object).reshape(-1)) if index is not None else []
     if len(ids) != rows:
         raise ValueError(
-            f"index has {len(ids)} group ids but the batch has {rows} responses; pass one id "
+            f"uid has {len(ids)} group ids but the batch has {rows} responses; give one id "
             f"per response (rows sampled from the same prompt share it)"
         )
     numbers: dict[Any, int] = {}

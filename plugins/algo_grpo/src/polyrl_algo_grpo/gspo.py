@@ -17,29 +17,31 @@ work. Because the whole sequence is clipped at once, GSPO uses far smaller clip 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from polyrl.algorithms import clip_ratios, clipped_surrogate, masked_mean
 
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+
 LOG_SEQ_RATIO_MAX = 10.0  # exp(10) ~ 2.2e4: enough to be clipped, far from overflow
 
 
 def gspo_policy_loss(
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any,
+    batch: Batch, log_prob: torch.Tensor, config: Any
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Per-token GSPO loss ``[B, T]`` (zero on padding) and metrics ``pg_clipfrac`` (share of
-    masked tokens whose sequence ratio was clipped) and ``ppo_kl`` (mean of
-    ``old_log_prob - log_prob`` over masked tokens). Reads ``clip_ratio``, ``clip_ratio_low``
-    and ``clip_ratio_high`` from ``config``."""
+    masked tokens whose sequence ratio was clipped), ``pg_clipfrac_lower`` (always 0) and
+    ``ppo_kl`` (mean of ``old_log_probs - log_prob`` over masked tokens).
+
+    Reads ``old_log_probs``, ``advantages`` and ``response_mask`` from ``batch``, and
+    ``clip_ratio``, ``clip_ratio_low`` and ``clip_ratio_high`` from ``config``."""
+    old_log_prob = batch["old_log_probs"]
+    advantages = batch["advantages"]
     low, high = clip_ratios(config)
-    mask = response_mask.to(log_prob.dtype)
+    mask = batch["response_mask"].to(log_prob.dtype)
     token_log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_mean(token_log_ratio, mask, dim=-1)  # [B]; 0 for an empty row
     log_ratio = (
@@ -52,6 +54,9 @@ def gspo_policy_loss(
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean(clipped.to(log_prob.dtype), mask),
+            # GSPO has no dual clip, so the share of dual-clipped tokens is 0 by definition;
+            # reported (as verl does) so that dashboards comparing it with vanilla PPO line up.
+            "pg_clipfrac_lower": 0.0,
             "ppo_kl": masked_mean(-token_log_ratio, mask),
         }
     return loss_mat, metrics

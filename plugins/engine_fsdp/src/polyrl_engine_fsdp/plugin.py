@@ -25,6 +25,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         supports_sequence_packing=False,
         supports_weight_sync=True,
         supports_checkpoint=True,
+        runtime_modules=("torch",),
     )
 
 

@@ -17,4 +17,5 @@ def polyrl_loggers() -> Iterator[LoggerSpec]:
         "a resumed training run continues the same wandb run",
         logger="polyrl_logger_wandb.logger:WandbLogger",
         config_class="polyrl_logger_wandb.config:WandbLoggerConfig",
+        runtime_modules=("wandb",),
     )

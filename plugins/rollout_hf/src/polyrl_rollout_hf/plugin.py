@@ -23,4 +23,5 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         supports_weight_sync=True,
         supports_sleep=False,
         supports_logprobs=True,
+        runtime_modules=("torch", "transformers"),
     )

@@ -22,4 +22,5 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         # True on CUDA; on CPU vLLM has no sleep mode and sleep()/wake_up() do nothing.
         supports_sleep=True,
         supports_logprobs=True,
+        runtime_modules=("vllm",),
     )
