@@ -4,11 +4,12 @@ The same config runs twice, each in its own process, through polyrl's real train
 (:class:`polyrl.trainer.trainer.RLTrainer`, the real stage pipeline):
 
 * ``ray``:   the normal path, workers are Ray actors;
-* ``local``: the worker lives in the driver process (a one-rank stand-in for the worker group
-  that calls its methods directly): no Ray calls, no serialisation, no process boundary.
+* ``local``: the worker lives in the driver process (polyrl's Ray-free
+  :class:`~polyrl.workers.local.LocalWorkerGroup` with one rank): no Ray calls, no
+  serialisation, no process boundary.
 
-In both, the worker is :class:`TimedHybridWorker`, a subclass of polyrl's HybridWorker that times
-the engines' own calls (rollout ``generate``, actor ``compute_log_prob`` / ``train_step``,
+In both, the worker is ``TimedWorker``, a subclass of polyrl's Worker that times the engines'
+own calls (rollout ``generate``, actor ``compute_log_prob`` / ``train_step``,
 rollout ``update_weights`` including the weight gather that feeds it). After each step the driver
 collects those times outside the timed step.
 
@@ -36,29 +37,31 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from polyrl.config import to_container
+
 ENGINE_CALLS = {
-    # worker attribute, method, engine phase, the driver phase it runs in
-    ("rollout", "generate"): ("gen", "gen"),
-    ("actor", "compute_log_prob"): ("old_log_prob", "old_log_prob"),
-    ("ref", "compute_log_prob"): ("ref", "ref"),
-    ("actor", "train_step"): ("update_actor", "update_actor"),
-    ("rollout", "update_weights"): ("update_weights", "update_weights"),
+    # role, engine method: the engine phase, which is also the driver stage it runs in
+    ("rollout", "generate"): "gen",
+    ("actor", "compute_log_prob"): "old_log_prob",
+    ("ref", "compute_log_prob"): "ref",
+    ("actor", "train_step"): "update_actor",
+    ("rollout", "update_weights"): "update_weights",
 }
 
 
 def _timed_worker_class() -> type:
-    from polyrl.workers.hybrid_worker import HybridWorker
+    from polyrl.workers.worker import Worker
 
-    class TimedHybridWorker(HybridWorker):
-        """HybridWorker whose engines' calls are timed (wall time, per phase, summed)."""
+    class TimedWorker(Worker):
+        """A Worker whose roles' engine calls are timed (wall time, per phase, summed)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._engine_s: dict[str, float] = defaultdict(float)
-            for (owner, method), (phase, _) in ENGINE_CALLS.items():
-                target = getattr(self, owner, None)
-                if target is not None:
-                    setattr(target, method, self._timed(phase, getattr(target, method)))
+            for (role, method), phase in ENGINE_CALLS.items():
+                if role in self.roles:
+                    engine = self.roles[role].engine
+                    setattr(engine, method, self._timed(phase, getattr(engine, method)))
 
         def _timed(self, phase: str, fn: Any) -> Any:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -75,45 +78,55 @@ def _timed_worker_class() -> type:
             self._engine_s.clear()
             return out
 
-    return TimedHybridWorker
+    return TimedWorker
 
 
-class LocalWorkerGroup:
-    """One rank in the driver process, with WorkerGroup's constructor and ``call``."""
+def _local_role_workers(cfg: Any, roles: tuple[str, ...], **kwargs: Any) -> Any:
+    """``start_role_workers`` without Ray: one Worker in the driver process, its own 1-rank
+    gloo group."""
+    from polyrl.workers.local import LocalWorkerGroup
+    from polyrl.workers.placement import RoleWorkers, plan_pools
 
-    def __init__(
-        self, worker_cls: type, *, world_size: int, device: str, init_kwargs: dict[str, Any]
-    ) -> None:
-        if world_size != 1:
-            raise SystemExit("the local mode runs one worker: pass trainer.n_gpus_per_node=1")
-        self.world_size = 1
-        os.environ["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # what WorkerGroup gives 1 rank
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.worker = worker_cls(
-            rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, **init_kwargs
-        )
-
-    def call(self, method: str, *args: Any, dispatch: Any = None, timeout_s: Any = None) -> Any:
-        from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
-
-        mode = dispatch or Dispatch.BROADCAST
-        (rank_args,) = split_args(mode, 1, args)
-        return gather_outputs(mode, [getattr(self.worker, method)(*rank_args)])
-
-    def shutdown(self) -> None:
-        self.worker.shutdown()
+    plan = plan_pools(cfg, roles)
+    if list(plan) != ["global"] or plan["global"].size != 1:
+        raise SystemExit("the local mode runs one worker: pass trainer.n_gpus_per_node=1")
+    os.environ["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # what Ray gives a lone worker
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    group = LocalWorkerGroup(
+        kwargs.pop("worker_cls"),
+        world_size=1,
+        ready_timeout_s=None,
+        init_kwargs={
+            "cfg": to_container(cfg),
+            "roles": plan["global"].roles,
+            "role_classes": kwargs["role_classes"],
+            "model_path": kwargs["model_path"],
+            "total_training_steps": kwargs["total_training_steps"],
+            "tokens": kwargs["tokens"],
+            "master_addr": "127.0.0.1",
+            "master_port": port,
+        },
+    )
+    pad = kwargs["tokens"]["pad_token_id"]
+    return RoleWorkers(
+        {"global": group},
+        {role: "global" for role in plan["global"].roles},
+        pad_values={"input_ids": pad, "responses": pad},
+    )
 
 
 def child(mode: str, recipe: str, overrides: list[str], out: str) -> None:
     """Train with the timed worker; write per-step driver and engine times to ``out``."""
+    import functools
+
     import polyrl.trainer.trainer as trainer_mod
     from polyrl.config import load_config
 
-    trainer_mod.HybridWorker = _timed_worker_class()
+    start = _local_role_workers if mode == "local" else trainer_mod.start_role_workers
+    trainer_mod.start_role_workers = functools.partial(start, worker_cls=_timed_worker_class())
     if mode == "local":
-        trainer_mod.WorkerGroup = LocalWorkerGroup
         trainer_mod.ensure_ray = lambda **_: None
     cfg = load_config([f"recipe={recipe}", *overrides])
     records: list[dict[str, float]] = []
@@ -121,7 +134,8 @@ def child(mode: str, recipe: str, overrides: list[str], out: str) -> None:
 
     def train_step(self: Any, step: int) -> dict[str, float]:
         metrics = original(self, step)
-        per_rank = self.workers.call("pop_engine_timings")
+        group = self.workers.groups["global"]
+        per_rank = group.run("pop_engine_timings", [()] * group.world_size)
         record = {k: v for k, v in metrics.items() if k.startswith("timing_s/")}
         record["tokens"] = metrics["perf/total_num_tokens"]
         for phase in {p for rank in per_rank for p in rank}:

@@ -19,7 +19,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tests" / "fixtures" / "polyrl_algo_overlong"
-FILES = ("pyproject.toml", "src/polyrl_algo_overlong/plugin.py", "src/polyrl_algo_overlong/stages.py")
+FILES = (
+    "pyproject.toml",
+    "src/polyrl_algo_overlong/plugin.py",
+    "src/polyrl_algo_overlong/stages.py",
+)
 
 
 def readme_blocks() -> dict[str, str]:
@@ -77,9 +81,7 @@ def test_its_settings_are_checked_against_its_config_class(site: Path) -> None:
 
 
 @pytest.mark.slow
-def test_selected_by_name_its_stage_runs_in_a_real_training_run(
-    site: Path, tmp_path: Path
-) -> None:
+def test_selected_by_name_its_stage_runs_in_a_real_training_run(site: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = polyrl(
         site, "train", "recipe=tiny", "algorithm.name=grpo_overlong",

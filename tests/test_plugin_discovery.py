@@ -85,7 +85,10 @@ def test_installed_plugin_is_listed_with_package_and_version(site: Path) -> None
     row = mine[0]
     assert (row["package"], row["version"], row["status"]) == ("polyrl-fixture-good", "0.3.1", "ok")
     assert row["kind"] == "advantage_estimator" and row["plugin"] == "fixture"
-    assert row["capabilities"] == {"critic": False, "groups": False}
+    assert row["capabilities"] == {
+        "groups": False,
+        "requires": ["token_level_rewards", "response_mask", "uid"],
+    }
     assert "sign of the outcome" in row["description"]
     # --kind filters registrations; broken modules are always shown (they may provide any kind)
     assert {r["kind"] for r in listed} <= {"advantage_estimator", None}

@@ -115,6 +115,10 @@ def test_validate_good_config(test_plugins, good_overrides, capsys) -> None:
     out = capsys.readouterr().out
     assert "config OK" in out
     assert "batch: 8 prompts x n=2 = 16 responses per step" in out
+    # the algorithm (est has none of its own: the built-in step), its stages and placement
+    assert "algorithm: policy_gradient (package polyrl " in out
+    assert "\nstep:\n  gen [rollout]: " in out and "\n  update_actor [actor]: " in out
+    assert "placement: rollout, actor -> global (1 worker(s))" in out
 
 
 def test_validate_bad_config_prints_every_problem(test_plugins, good_overrides, capsys) -> None:

@@ -13,9 +13,17 @@ import pytest
 from polyrl import builtins
 from polyrl.config import load_config
 from polyrl.config.validate import summarize, validate_config
+from polyrl.errors import ConfigError
 from polyrl.registry import Provenance, Registry
-from polyrl.specs import AdvantageEstimatorSpec, RolloutEngineSpec, TrainingEngineSpec
-from polyrl.testing.pytest_plugin import plugin_from_specs
+from polyrl.specs import (
+    ESTIMATOR_KEYS,
+    AdvantageEstimatorSpec,
+    AlgorithmSpec,
+    RolloutEngineSpec,
+    TrainingEngineSpec,
+)
+from polyrl.step import Stage, policy_gradient_pipeline
+from polyrl.testing.pytest_plugin import copy_registry, plugin_from_specs
 
 # Test registrations. Validation only *locates* implementation modules, so these point at real
 # modules of polyrl (or at one that does not exist, to test that error).
@@ -46,7 +54,9 @@ def registry() -> Registry:
             requires_groups=True,
             config_class=f"{__name__}:GroupSettings",
         ),
-        AdvantageEstimatorSpec(name="gae_like", description="c", fn=FN, requires_critic=True),
+        AdvantageEstimatorSpec(
+            name="gae_like", description="c", fn=FN, requires=(*ESTIMATOR_KEYS, "values")
+        ),
     )
     reg = Registry()
     reg.add_plugin(builtins, Provenance("builtins", "polyrl", "0.1.0"))
@@ -307,14 +317,20 @@ def test_micro_batch_must_divide_the_per_gpu_mini_batch(
     )
 
 
-def test_unsupported_critic_and_reward_model_are_refused(
+def test_critic_and_reward_model_need_a_step_with_that_role(
     registry: Registry, base: list[str]
 ) -> None:
-    # No value model or model-based reward is trained yet: enabling one must not pass silently.
+    # The selected step has no critic or reward-model role: enabling one must not pass silently,
+    # and the line says which algorithm would provide one.
     line = one_problem(registry, base, "critic.enable=true")
-    assert line.startswith("critic.enable=true: polyrl has no critic (value model) yet")
+    assert line.startswith(
+        "critic.enable=true: the selected algorithm 'policy_gradient' (package polyrl) has no "
+        "'critic' role, so a critic (value model) would not be trained"
+    )
+    assert "its step uses rollout, actor" in line and "no installed algorithm has one" in line
     line = one_problem(registry, base, "reward_model.enable=true")
-    assert line.startswith("reward_model.enable=true: model-based reward models are not supported")
+    assert line.startswith("reward_model.enable=true: the selected algorithm 'policy_gradient'")
+    assert "a model-based reward model" in line and "custom_reward_function.path" in line
 
 
 # ---- plugins and capabilities ------------------------------------------------------------------
@@ -356,9 +372,13 @@ def test_group_estimator_needs_several_samples(registry: Registry, base: list[st
     assert "actor_rollout_ref.rollout.n >= 2 (got 1)" in line
 
 
-def test_critic_estimator_needs_the_critic(registry: Registry, base: list[str]) -> None:
+def test_estimator_reading_values_needs_a_stage_that_provides_them(
+    registry: Registry, base: list[str]
+) -> None:
+    # The estimator declares it reads `values` (a critic's output); nothing in the step makes them.
     line = one_problem(registry, base, "algorithm.adv_estimator=gae_like")
-    assert "needs a value model, which polyrl does not train yet" in line
+    assert line.startswith("algorithm 'policy_gradient' (package polyrl): stage 'adv' requires ")
+    assert "batch key 'values', but no stage provides it" in line
 
 
 def test_engine_must_support_the_device(registry: Registry, base: list[str]) -> None:
@@ -442,9 +462,9 @@ def test_all_problems_are_reported_at_once(registry: Registry, base: list[str]) 
     assert len(found) == 3
 
 
-def test_summary_states_the_batch_arithmetic(base: list[str]) -> None:
-    text = summarize(load_config(base))
-    assert "algorithm: grp" in text
+def test_summary_states_the_batch_arithmetic(registry: Registry, base: list[str]) -> None:
+    text = summarize(load_config(base), registry)
+    assert "algorithm: policy_gradient (package polyrl 0.1.0; estimator grp, loss vanilla" in text
     assert "batch: 8 prompts x n=4 = 32 responses per step on 1 device(s) (cpu)" in text
     assert "2 mini-batch(es) of 16 responses" in text
 
@@ -462,3 +482,253 @@ def test_builtin_models_are_checked_by_name(registry: Registry, base: list[str])
     line = one_problem(registry, base, "actor_rollout_ref.model.path=builtin:smol")
     assert line.startswith("actor_rollout_ref.model.path='builtin:smol' is not a built-in model")
     assert "builtin:smollm2-135m-instruct" in line
+
+
+def test_summary_names_the_algorithm_its_stages_and_the_placement(
+    registry: Registry, base: list[str]
+) -> None:
+    text = summarize(load_config([*base, "actor_rollout_ref.actor.use_kl_loss=true"]), registry)
+    lines = text.splitlines()
+    assert lines[0].startswith("algorithm: policy_gradient (package polyrl 0.1.0;")
+    assert lines[1] == "step:"
+    assert lines[2].startswith("  gen [rollout]: input_ids, attention_mask -> responses")
+    assert any(line.startswith("  ref [ref]: ") for line in lines)
+    assert "placement: rollout, actor, ref -> global (1 worker(s))" in lines
+
+
+# ---- names the run accepts ---------------------------------------------------------------------
+def test_choices_match_what_the_run_accepts() -> None:
+    # The validator keeps its own copies (validating needs no torch): they must not drift.
+    pytest.importorskip("torch")
+    from polyrl.algorithms.kl import KL_PENALTY_TYPES
+    from polyrl.algorithms.loss_agg import LOSS_AGG_MODES
+    from polyrl.config.checks import ranges
+
+    assert tuple(KL_PENALTY_TYPES) == ranges.KL_TYPES
+    assert tuple(LOSS_AGG_MODES) == ranges.LOSS_AGG_MODES
+
+
+def test_straight_through_kl_types_are_accepted(registry: Registry, base: list[str]) -> None:
+    assert problems(registry, base, "actor_rollout_ref.actor.kl_loss_type=k3+") == []
+    assert problems(registry, base, "algorithm.kl_penalty=low_var_kl+") == []
+
+
+def test_lr_scheduler_type_and_its_older_verl_name(registry: Registry, base: list[str]) -> None:
+    assert problems(registry, base, "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine") == []
+    assert problems(registry, base, "actor_rollout_ref.actor.optim.warmup_style=cosine") == []
+    line = one_problem(registry, base, "actor_rollout_ref.actor.optim.lr_scheduler_type=linear")
+    assert "lr_scheduler_type='linear' is not one of constant, cosine" in line
+
+
+# ---- algorithms and their step -----------------------------------------------------------------
+class ReadsValues(Stage):
+    name = "value_baseline"
+    requires = ("responses", "values")
+    provides = ("token_level_rewards",)
+    roles = ("actor",)
+
+
+def needs_values_pipeline(cfg):
+    pipeline = policy_gradient_pipeline(cfg)
+    pipeline.insert_before("adv", ReadsValues())
+    return pipeline
+
+
+def broken_pipeline(cfg):
+    raise ConfigError("algorithm.name=broken_step: plugins.broken_step.depth must be set")
+
+
+def _with(registry: Registry, *specs) -> Registry:
+    """``registry`` plus ``specs`` (registered as package polyrl-extra-plugins 2.0)."""
+    copy = copy_registry(registry)
+    copy.add_plugin(plugin_from_specs(*specs), Provenance("extra", "polyrl-extra-plugins", "2.0"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def algorithms(registry: Registry) -> Registry:
+    roles = ("actor", "rollout", "ref")
+    return _with(
+        registry,
+        AlgorithmSpec(
+            name="needs_values",
+            description="a stage reads values",
+            pipeline=f"{__name__}:needs_values_pipeline",
+            roles=roles,
+        ),
+        AlgorithmSpec(
+            name="broken_step",
+            description="refuses the config",
+            pipeline=f"{__name__}:broken_pipeline",
+            roles=roles,
+        ),
+        AlgorithmSpec(
+            name="with_critic",
+            description="declares a critic role",
+            pipeline=f"{__name__}:needs_values_pipeline",
+            roles=(*roles, "critic"),
+        ),
+    )
+
+
+def test_a_stage_requiring_a_key_nothing_provides_is_one_line(
+    algorithms: Registry, base: list[str]
+) -> None:
+    line = one_problem(algorithms, base, "algorithm.name=needs_values")
+    assert line.startswith(
+        "algorithm 'needs_values' (package polyrl-extra-plugins): stage 'value_baseline' "
+        "requires batch key 'values', but no stage provides it"
+    )
+    assert "gen -> reward -> old_log_prob -> value_baseline -> adv" in line
+
+
+def test_unknown_algorithm_name_gives_the_registry_message(
+    algorithms: Registry, base: list[str]
+) -> None:
+    line = one_problem(algorithms, base, "algorithm.name=needs_value")
+    assert line.startswith("algorithm.name: unknown algorithm 'needs_value'")
+    assert "Did you mean 'needs_values'?" in line
+
+
+def test_a_pipeline_config_error_is_a_problem_line(algorithms: Registry, base: list[str]) -> None:
+    line = one_problem(algorithms, base, "algorithm.name=broken_step")
+    assert line == "algorithm.name=broken_step: plugins.broken_step.depth must be set"
+
+
+def test_critic_refusal_names_the_algorithms_that_have_one(
+    algorithms: Registry, base: list[str]
+) -> None:
+    line = one_problem(algorithms, base, "critic.enable=true")
+    assert "algorithms with one: with_critic (polyrl-extra-plugins)" in line
+
+
+# ---- placement ---------------------------------------------------------------------------------
+def test_placement_in_pools(registry: Registry, base: list[str]) -> None:
+    shared = ["trainer.role_pools.actor=train", "trainer.role_pools.rollout=train"]
+    assert problems(registry, base, *shared, "trainer.resource_pools.train=2") == []
+    line = one_problem(registry, base, *shared, "trainer.resource_pools.train=0")
+    assert line.startswith("trainer.resource_pools.train=0 is out of range: it must be >= 1")
+
+
+def test_pool_without_a_size_is_named_once_per_role(registry: Registry, base: list[str]) -> None:
+    found = problems(
+        registry, base, "trainer.role_pools.actor=train", "trainer.role_pools.rollout=train"
+    )
+    assert found == [
+        "trainer.role_pools.actor='train' names a pool without a size: set "
+        "trainer.resource_pools.train=<workers>.",
+        "trainer.role_pools.rollout='train' names a pool without a size: set "
+        "trainer.resource_pools.train=<workers>.",
+    ]
+
+
+def test_batches_are_checked_against_the_actor_pool(registry: Registry, base: list[str]) -> None:
+    found = problems(
+        registry,
+        base,
+        "trainer.role_pools.actor=train",
+        "trainer.role_pools.rollout=train",
+        "trainer.resource_pools.train=3",
+    )
+    assert any(
+        "data.train_batch_size 8 is not divisible by the world size 3 of pool 'train' "
+        "(trainer.resource_pools.train)" in p
+        for p in found
+    )
+
+
+def test_placed_roles_must_be_roles_of_the_step(registry: Registry, base: list[str]) -> None:
+    line = one_problem(
+        registry, base, "trainer.role_pools.critc=global", "trainer.resource_pools.x=1"
+    )
+    assert line == (
+        "trainer.role_pools.critc: the step has no role 'critc' (its roles: rollout, actor)."
+    )
+    line = one_problem(registry, base, "trainer.role_pools.acto=global")
+    assert line.endswith("Did you mean trainer.role_pools.actor?")
+
+
+def test_actor_and_rollout_share_a_pool_for_now(registry: Registry, base: list[str]) -> None:
+    line = one_problem(
+        registry, base, "trainer.role_pools.rollout=gen", "trainer.resource_pools.gen=1"
+    )
+    assert line.startswith(
+        "trainer.role_pools puts the actor in pool 'global' and the rollout in pool 'gen': "
+        "they must share a pool for now"
+    )
+    assert "weight transport between pools is not implemented yet" in line
+
+
+# ---- plugin-supplied checks --------------------------------------------------------------------
+def engine_check(cfg) -> list[str]:
+    """A training engine's own rule, named by import string."""
+    if cfg.actor_rollout_ref.actor.ppo_epochs > 2:
+        return ["actor_rollout_ref.actor.ppo_epochs > 2 is not supported by engine 'checked'"]
+    return []
+
+
+def raising_check(cfg) -> list[str]:
+    raise RuntimeError("boom")
+
+
+@pytest.fixture
+def checked(isolated_registry: Registry, register_plugin) -> Registry:
+    """Built-ins plus CPU engines whose specs carry their own config checks (in-process)."""
+    return register_plugin(
+        [
+            TrainingEngineSpec(
+                name="checked",
+                description="checks its own keys",
+                engine=ENGINE,
+                supports_cpu=True,
+                config_check=f"{__name__}:engine_check",
+            ),
+            TrainingEngineSpec(
+                name="raises",
+                description="its check raises",
+                engine=ENGINE,
+                supports_cpu=True,
+                config_check=raising_check,
+            ),
+            TrainingEngineSpec(
+                name="returns_str",
+                description="its check returns a string",
+                engine=ENGINE,
+                supports_cpu=True,
+                config_check=lambda cfg: "not a list",
+            ),
+            TrainingEngineSpec(
+                name="missing_check",
+                description="its check cannot be imported",
+                engine=ENGINE,
+                supports_cpu=True,
+                config_check="polyrl_no_such.checks:check",
+            ),
+            TrainingEngineSpec(
+                name="eng", description="no check", engine=ENGINE, supports_cpu=True
+            ),
+            RolloutEngineSpec(name="roll", description="cpu", engine=ROLLOUT, supports_cpu=True),
+            AdvantageEstimatorSpec(name="grp", description="g", fn=FN, requires_groups=True),
+        ],
+        distribution="polyrl-checked",
+        version="3.0",
+    )
+
+
+def test_selected_plugin_config_check_is_run(checked: Registry, base: list[str]) -> None:
+    engine = "actor_rollout_ref.actor.strategy=checked"
+    assert problems(checked, base, engine) == []
+    line = one_problem(checked, base, engine, "actor_rollout_ref.actor.ppo_epochs=3")
+    assert line == "actor_rollout_ref.actor.ppo_epochs > 2 is not supported by engine 'checked'"
+    # not selected: not run
+    assert problems(checked, base, "actor_rollout_ref.actor.ppo_epochs=3") == []
+
+
+def test_a_failing_plugin_check_names_its_package(checked: Registry, base: list[str]) -> None:
+    line = one_problem(checked, base, "actor_rollout_ref.actor.strategy=raises")
+    assert line.startswith("actor_rollout_ref.actor.strategy='raises' (package polyrl-checked): ")
+    assert "failed (RuntimeError: boom); report it to polyrl-checked" in line
+    line = one_problem(checked, base, "actor_rollout_ref.actor.strategy=returns_str")
+    assert "returned str, not a list of strings" in line
+    line = one_problem(checked, base, "actor_rollout_ref.actor.strategy=missing_check")
+    assert "its config check 'polyrl_no_such.checks:check' failed (ModuleNotFoundError" in line

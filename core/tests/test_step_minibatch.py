@@ -50,6 +50,8 @@ def test_shuffle_differs_between_steps_and_epochs_and_repeats_after_resume():
     flat = [np.concatenate(e) for e in a.epochs]
     assert not np.array_equal(flat[0], flat[1])  # epochs differ
     assert not np.array_equal(flat[0], np.concatenate(b.epochs[0]))  # steps differ
-    assert all(np.array_equal(x, y) for x, y in zip(flat, [np.concatenate(e) for e in again.epochs]))
+    assert all(
+        np.array_equal(x, y) for x, y in zip(flat, [np.concatenate(e) for e in again.epochs])
+    )
     for order in flat:
         assert sorted(order.tolist()) == list(range(32))  # a permutation of the shard

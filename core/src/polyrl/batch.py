@@ -67,7 +67,12 @@ class Batch:
     # ---- row operations ---------------------------------------------------------------------
     def select_rows(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> Batch:
         """A new batch with the given rows, in that order."""
-        idx = torch.as_tensor(np.asarray(index), dtype=torch.long)
+        # torch.tensor copies: numpy arrays that arrive through Ray are read-only
+        idx = (
+            index.long()
+            if isinstance(index, torch.Tensor)
+            else torch.tensor(np.asarray(index), dtype=torch.long)
+        )
         np_idx = idx.numpy()
         return Batch(
             {k: v[idx.to(v.device)] for k, v in self.tensors.items()},
@@ -128,18 +133,33 @@ class Batch:
         )
 
     @staticmethod
-    def concat(batches: Sequence[Batch]) -> Batch:
-        """Rows of all batches in order. Tensors whose last dimension differs are right-padded
-        with zeros (masks stay zero on padding) so that gathering from ranks always works."""
-        batches = [b for b in batches if len(b)]
-        if not batches:
+    def concat(batches: Sequence[Batch], pad_values: dict[str, int | float] | None = None) -> Batch:
+        """Rows of all batches in order (parts without rows are skipped).
+
+        Tensors whose last dimension differs are right-padded to the widest part, with
+        ``pad_values[key]`` (default 0: masks and log-probs stay zero on padding). Token-id
+        tensors need the tokenizer's pad id: pass ``{"input_ids": pad_id, "responses": pad_id}``.
+        Every part must have the same keys: a key missing from some part is an error, not
+        silently dropped.
+        """
+        numbered = [(i, b) for i, b in enumerate(batches) if len(b)]
+        if not numbered:
             return Batch()
+        _check_same_keys(numbered)
+        batches = [b for _, b in numbered]
+        pad_values = pad_values or {}
         tensors = {}
         for key in batches[0].tensors:
             parts = [b.tensors[key] for b in batches]
             if parts[0].dim() > 1:
                 width = max(p.shape[-1] for p in parts)
-                parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts]
+                value = pad_values.get(key, 0)
+                parts = [
+                    torch.nn.functional.pad(p, (0, width - p.shape[-1]), value=value)
+                    if p.shape[-1] < width
+                    else p
+                    for p in parts
+                ]
             tensors[key] = torch.cat(parts, dim=0)
         non_tensors = {
             key: np.concatenate([b.non_tensors[key] for b in batches])
@@ -151,6 +171,35 @@ class Batch:
         """Non-tensor fields row by row (for reward scoring)."""
         for i in range(len(self)):
             yield {k: v[i] for k, v in self.non_tensors.items()}
+
+
+def _check_same_keys(numbered: Sequence[tuple[int, Batch]]) -> None:
+    """Raise when the parts of a concatenation (``(position, batch)`` pairs) do not hold the same
+    tensor and non-tensor keys."""
+    first_index, first = numbered[0]
+    first_tensors, first_others = set(first.tensors), set(first.non_tensors)
+    problems = []
+    for i, batch in numbered[1:]:
+        tensors, others = set(batch.tensors), set(batch.non_tensors)
+        if tensors == first_tensors and others == first_others:
+            continue
+        missing = sorted((first_tensors | first_others) - (tensors | others))
+        extra = sorted((tensors | others) - (first_tensors | first_others))
+        moved = sorted((first_tensors & others) | (first_others & tensors))
+        details = []
+        if missing:
+            details.append(f"lacks {missing}")
+        if extra:
+            details.append(f"has extra {extra}")
+        if moved:
+            details.append(f"has {moved} as tensor in one part and non-tensor in the other")
+        problems.append(f"part {i} " + ", ".join(details))
+    if problems:
+        raise ValueError(
+            f"cannot concatenate batches with different keys: part {first_index} has tensors "
+            f"{sorted(first_tensors)} and non-tensors {sorted(first_others)}; "
+            + "; ".join(problems)
+        )
 
 
 def _as_object_array(value: Any) -> np.ndarray:

@@ -4,13 +4,18 @@ column trimming, log-prob/entropy maths, and the plugin registration."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from polyrl.config.schema import PolyrlConfig
 from polyrl.errors import ConfigError
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
+from polyrl_engine_fsdp.checks import check_config
 from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
 from polyrl_engine_fsdp.microbatch import (
@@ -23,8 +28,25 @@ from polyrl_engine_fsdp.microbatch import (
 from polyrl_engine_fsdp.schedule import lr_factor
 
 
+def _worker_cfg(**arr):
+    """The config as a hybrid worker holds it: the schema with ``actor_rollout_ref`` overrides,
+    resolved to plain containers in the driver and rebuilt with ``OmegaConf.create``."""
+    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), {"actor_rollout_ref": arr})
+    return OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True))
+
+
+def _nodes(model=None, engine=None):
+    """``actor_rollout_ref.model`` and ``.actor`` nodes with ``model``/``engine`` merged in."""
+    arr = _worker_cfg(model=model or {}, actor=engine or {})
+    return arr.model, arr.actor
+
+
+def _settings(model=None, engine=None, total_training_steps=10, **kwargs):
+    return resolve_settings(*_nodes(model, engine), total_training_steps, **kwargs)
+
+
 def _optim(**optim):
-    return resolve_settings({}, {"optim": optim}, total_training_steps=10).optim
+    return _settings(engine={"optim": optim}).optim
 
 
 # ---- registration -------------------------------------------------------------------------------
@@ -42,16 +64,44 @@ def test_fsdp2_and_alias_registered_with_capabilities():
 
 
 # ---- config -------------------------------------------------------------------------------------
-def test_settings_defaults_and_total_optimizer_steps():
-    s = resolve_settings({"dtype": "bf16"}, {"total_optimizer_steps": 24}, 6)
+def test_settings_come_from_the_schema_and_total_optimizer_steps():
+    model, actor = _nodes({"dtype": "bf16"})
+    with_steps = OmegaConf.merge(actor, {"total_optimizer_steps": 24})  # as the hybrid worker
+    s = resolve_settings(model, with_steps, 6)
     assert s.dtype == "bfloat16" and s.mixed_precision and s.optim.total_steps == 24
-    assert s.micro_batch_size == 1 and s.log_prob_micro_batch_size == 1
-    assert resolve_settings({}, {}, 6).optim.total_steps == 6
+    # the schema's defaults: log-prob micro-batches follow ppo_micro_batch_size_per_gpu
+    assert s.micro_batch_size == 4 and s.log_prob_micro_batch_size == 4
+    assert s.max_token_len == s.log_prob_max_token_len == 16384
+    assert _settings(total_training_steps=6).optim.total_steps == 6
     # lr_warmup_steps=-1 -> ratio x total optimizer steps
-    s = resolve_settings(
-        {}, {"optim": {"lr_warmup_steps_ratio": 0.25}, "total_optimizer_steps": 8}, 2
-    )
+    model, actor = _nodes(engine={"optim": {"lr_warmup_steps_ratio": 0.25}})
+    s = resolve_settings(model, OmegaConf.merge(actor, {"total_optimizer_steps": 8}), 2)
     assert s.optim.warmup_steps == 2
+
+
+def test_log_prob_keys_follow_verl_rollout_keys_and_the_ref_node():
+    arr = _worker_cfg(
+        actor={"ppo_micro_batch_size_per_gpu": 2},
+        rollout={"log_prob_micro_batch_size_per_gpu": 16},
+        ref={"log_prob_max_token_len_per_gpu": 4096},
+    )
+    s = resolve_settings(arr.model, arr.actor, 4)
+    assert (s.micro_batch_size, s.log_prob_micro_batch_size) == (2, 16)
+    ref = resolve_settings(arr.model, OmegaConf.merge(arr.actor, arr.ref), 4, role="ref")
+    assert (ref.log_prob_micro_batch_size, ref.log_prob_max_token_len) == (16, 4096)
+
+
+def test_plain_dicts_are_merged_over_the_schema():
+    s = resolve_settings({"dtype": "fp32"}, {"ppo_micro_batch_size_per_gpu": 2}, 4)
+    assert s.dtype == "float32" and s.micro_batch_size == s.log_prob_micro_batch_size == 2
+    with pytest.raises(ConfigError, match=r"Did you mean actor_rollout_ref\.actor\.entropy_coeff"):
+        resolve_settings({}, {"entropy_coef": 0.1}, 4)
+
+
+def test_lr_scheduler_type_and_the_older_warmup_style():
+    assert _optim().warmup_style == "constant"
+    assert _optim(lr_scheduler_type="cosine").warmup_style == "cosine"
+    assert _optim(lr_scheduler_type="cosine", warmup_style="constant").warmup_style == "constant"
 
 
 @pytest.mark.parametrize(
@@ -59,23 +109,65 @@ def test_settings_defaults_and_total_optimizer_steps():
     [
         ({"dtype": "int8"}, {}, "model.dtype"),
         ({}, {"ppo_micro_batch_size_per_gpu": 0}, "ppo_micro_batch_size_per_gpu"),
+        ({}, {"log_prob_max_token_len_per_gpu": 0}, "log_prob_max_token_len_per_gpu"),
         ({}, {"optim": {"warmup_style": "linear"}}, "warmup_style"),
+        ({}, {"optim": {"lr_scheduler_type": "linear"}}, "lr_scheduler_type"),
         ({}, {"optim": {"lr_warmup_steps_ratio": 2.0}}, "lr_warmup_steps_ratio"),
         ({}, {"optim": {"betas": [0.9]}}, "betas"),
-        ({"override_config": [1, 2]}, {}, "override_config"),
     ],
 )
 def test_bad_settings_name_the_key(model, engine, key):
     with pytest.raises(ConfigError, match=key):
-        resolve_settings(model, engine, 4)
+        _settings(model, engine, 4)
 
 
 def test_hybrid_sharding_is_refused_and_offload_keys_combine():
     with pytest.raises(ConfigError, match="fsdp_size=2"):
-        resolve_settings({}, {"fsdp_config": {"fsdp_size": 2}}, 4, world_size=4)
-    assert resolve_settings({}, {"fsdp_config": {"fsdp_size": 4}}, 4, world_size=4)
-    s = resolve_settings({}, {"fsdp_config": {"optimizer_offload": True}}, 4, world_size=4)
+        _settings(engine={"fsdp_config": {"fsdp_size": 2}}, world_size=4)
+    assert _settings(engine={"fsdp_config": {"fsdp_size": 4}}, world_size=4)
+    s = _settings(engine={"fsdp_config": {"optimizer_offload": True}}, world_size=4)
     assert s.param_offload
+
+
+# ---- the plugin's config check ------------------------------------------------------------------
+def _check(*overrides: str) -> list[str]:
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(list(overrides))
+    )
+    return check_config(cfg)
+
+
+def test_config_check_is_registered_and_light():
+    reg = discover().get(PluginKind.TRAINING_ENGINE, "fsdp2")
+    assert reg.spec.config_check == "polyrl_engine_fsdp.checks:check_config"
+    code = "import sys, polyrl_engine_fsdp.checks; print(int('torch' in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0"]
+
+
+def test_config_check_fsdp_rules():
+    assert _check() == []
+    (line,) = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=2")
+    assert line.startswith("actor_rollout_ref.actor.fsdp_config.fsdp_size=2 asks for hybrid")
+    assert "(world size 4 = trainer.nnodes 1 x trainer.n_gpus_per_node 4)" in line
+    # the ref follows the actor's FSDP settings unless set: one line per node
+    found = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=2")
+    assert [p.split("=")[0] for p in found] == ["actor_rollout_ref.ref.fsdp_config.fsdp_size"]
+    (line,) = _check("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+    assert "param_offload=False and .optimizer_offload=True" in line
+    assert (
+        _check(
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        )
+        == []
+    )
+    (line,) = _check("actor_rollout_ref.model.dtype=int8")
+    assert line.startswith("actor_rollout_ref.model.dtype='int8' is not a dtype the FSDP engine")
+    (line,) = _check("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0")
+    assert line == (
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu must be a positive integer, got 0"
+    )
 
 
 # ---- LR schedule --------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ import torch
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
-from polyrl.config.schema import RolloutConfig
+from polyrl.config.schema import PolyrlConfig, RolloutConfig
+from polyrl.errors import ConfigError
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
+from polyrl_rollout_vllm.checks import check_config
 from polyrl_rollout_vllm.config import (
     CPU_KV_CACHE_MIN_BYTES,
     LOGPROBS_MODE,
@@ -117,23 +119,76 @@ def test_engine_args_from_verl_keys_on_cpu(tmp_path):
 
 def test_engine_args_on_cuda_and_flat_passthrough(tmp_path):
     path = _tiny_config_dir(tmp_path)
-    cfg = OmegaConf.create(
-        {
-            "gpu_memory_utilization": 0.4,
-            "tensor_model_parallel_size": 2,
-            "free_cache_engine": True,
-            "enforce_eager": False,
-            "engine_kwargs": {"swap_space": 0, "enforce_eager": True},
-        }
+    cfg = _rollout_node(
+        gpu_memory_utilization=0.4,
+        tensor_model_parallel_size=2,
+        free_cache_engine=True,
+        enforce_eager=False,
+        engine_kwargs={"swap_space": 0, "enforce_eager": True},
     )
     args = build_engine_args(cfg, model_path=path, device="cuda", max_model_len=64, seed=3)
     assert args["gpu_memory_utilization"] == 0.4
     assert args["tensor_parallel_size"] == 2
     assert args["distributed_executor_backend"] == "external_launcher"
     assert args["enable_sleep_mode"] is True
-    assert args["seed"] == 3  # from the context when the node has none
+    assert args["seed"] == 0  # actor_rollout_ref.rollout.seed (the schema's default)
     assert args["swap_space"] == 0 and args["enforce_eager"] is True  # pass-through wins
     assert "kv_cache_memory_bytes" not in args
+
+
+def _rollout_node(**values):
+    """The ``actor_rollout_ref.rollout`` node of the schema with ``values`` merged in."""
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(PolyrlConfig), {"actor_rollout_ref": {"rollout": values}}
+    )
+    return cfg.actor_rollout_ref.rollout
+
+
+def test_partial_dicts_take_the_schema_defaults(tmp_path):
+    path = _tiny_config_dir(tmp_path)
+    where = {"model_path": path, "max_model_len": 8, "seed": 0}
+    args = build_engine_args({"max_num_seqs": 4}, device="cuda", **where)
+    assert args["max_num_seqs"] == 4 and args["gpu_memory_utilization"] == 0.5
+    with pytest.raises(ConfigError, match=r"Did you mean actor_rollout_ref\.rollout\.max_num_seqs"):
+        build_engine_args({"max_num_seq": 4}, device="cpu", **where)
+
+
+def _check(*overrides: str) -> list[str]:
+    dotlist = ["actor_rollout_ref.rollout.name=vllm", *overrides]
+    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(dotlist))
+    return check_config(cfg)
+
+
+def test_config_check_is_registered_and_light():
+    reg = discover().get(PluginKind.ROLLOUT_ENGINE, "vllm")
+    assert reg.spec.config_check == "polyrl_rollout_vllm.checks:check_config"
+    code = (
+        "import sys, polyrl_rollout_vllm.checks; "
+        "print(int('vllm' in sys.modules), int('torch' in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "0"]
+
+
+def test_config_check_tensor_parallel_and_dtype():
+    assert _check() == []
+    cuda = "trainer.device=cuda"
+    tp2 = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    assert _check(cuda, "trainer.n_gpus_per_node=4", tp2) == []
+    assert _check(cuda, "trainer.n_gpus_per_node=3", tp2) == [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size 2 does not divide the world size 3 "
+        "= trainer.nnodes 1 x trainer.n_gpus_per_node 3"
+    ]
+    # the rollout's pool decides its world size
+    pooled = ["trainer.role_pools={actor: gen, rollout: gen}", "trainer.resource_pools={gen: 3}"]
+    (line,) = _check(cuda, *pooled, tp2)
+    assert line.endswith("the world size 3 of pool 'gen' (trainer.resource_pools.gen)")
+    (line,) = _check("trainer.n_gpus_per_node=2", tp2)
+    assert "tensor_model_parallel_size=2 is not supported on CPU" in line
+    (line,) = _check("actor_rollout_ref.rollout.dtype=int3")
+    assert line.startswith("actor_rollout_ref.rollout.dtype='int3' is not a dtype vLLM knows")
+    (line,) = _check("actor_rollout_ref.rollout.engine_kwargs={vllm: 3}")
+    assert line == "actor_rollout_ref.rollout.engine_kwargs.vllm must be a mapping, got 3"
 
 
 def test_kv_cache_estimate_by_hand(tmp_path):
@@ -154,9 +209,9 @@ def test_bad_config_values_are_reported(tmp_path):
             max_model_len=8,
             seed=0,
         )
-    with pytest.raises(VLLMRolloutConfigError, match="engine_kwargs must be a mapping"):
+    with pytest.raises(VLLMRolloutConfigError, match=r"engine_kwargs\.vllm must be a mapping"):
         build_engine_args(
-            {"engine_kwargs": [1]}, model_path=path, device="cpu", max_model_len=8, seed=0
+            {"engine_kwargs": {"vllm": [1]}}, model_path=path, device="cpu", max_model_len=8, seed=0
         )
 
 

@@ -20,6 +20,8 @@ FREE_FORM_PREFIXES = (
     "actor_rollout_ref.model.override_config",
     "critic.model",
     "trainer.ray_init",
+    "trainer.role_pools",
+    "trainer.resource_pools",
 )
 GROUP_KEYS = ("recipe",)
 

@@ -1,5 +1,12 @@
 """The structured config: verl's groups and key names, with types and defaults.
 
+This is the one place where config keys and their defaults are declared: code reads config nodes
+built from these dataclasses by attribute (``cfg.actor_rollout_ref.actor.ppo_epochs``) and never
+restates a default. A default may be an interpolation of another key (``${...}``), resolved when
+the config is composed. ``core/tests/test_config_declared.py`` fails when code reads a key that
+is not declared here, or when a declared key is read nowhere and is not listed in
+:data:`VERL_COMPAT_KEYS`.
+
 Every plugin is picked by name through one of these keys (see :class:`polyrl.specs.PluginKind`).
 A plugin's own knobs go under ``plugins.<name>`` (free-form, checked against the plugin's
 ``config_class`` when it declares one). Hydra rejects keys that are not declared here; polyrl
@@ -8,10 +15,33 @@ turns that into a message with the closest valid key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import MISSING
+
+# Keys accepted only so that verl command lines still parse; polyrl ignores their values. Each
+# entry is a dotted key (a group stands for every key below it). Anything not listed here is read
+# by the code that the key configures (core/tests/test_config_declared.py checks both ways).
+VERL_COMPAT_KEYS: tuple[str, ...] = (
+    # verl's switch for padding-free (rmpad) forward passes; polyrl's engines always trim padding
+    # columns (FSDP) or generate without padding (vLLM), so there is nothing to switch.
+    "actor_rollout_ref.model.use_remove_padding",
+    # Discount and GAE lambda. No estimator shipped with polyrl uses them (GRPO, Dr.GRPO and RLOO
+    # score whole responses); an estimator plugin receives the whole ``algorithm`` node and may.
+    "algorithm.gamma",
+    "algorithm.lam",
+    # verl's critic (value model) settings. No algorithm has a critic role yet: these keys parse
+    # so that verl PPO command lines reach the real message (``polyrl validate`` refuses
+    # critic.enable=true and names the algorithm that would need a critic).
+    "critic.strategy",
+    "critic.ppo_mini_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_epochs",
+    "critic.cliprange_value",
+    "critic.optim",
+    "critic.model",
+)
 
 
 @dataclass
@@ -31,7 +61,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
+    # kl (k1) | abs | mse (k2) | low_var_kl (k3), each also with "+" (k2's gradient): k3+
+    kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
 
 
@@ -58,7 +89,7 @@ class ModelConfig:
     tokenizer_path: Any = None
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = True  # accepted for verl command lines; engines minimise padding
+    use_remove_padding: bool = True  # in VERL_COMPAT_KEYS: accepted and ignored
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)
 
@@ -70,7 +101,10 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_warmup_steps: int = -1  # -1: use lr_warmup_steps_ratio
     lr_warmup_steps_ratio: float = 0.0
-    warmup_style: str = "constant"  # constant | cosine (after warm-up)
+    lr_scheduler_type: str = "constant"  # constant | cosine (after warm-up); verl's newer name
+    # verl's older name of lr_scheduler_type, for older command lines: when set it wins (as in
+    # verl, which deprecates it); null: lr_scheduler_type decides.
+    warmup_style: Any = None
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0
 
@@ -96,6 +130,14 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = 4
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
+    # The actor's forward passes without grad (old log-probs): verl sets these through
+    # actor_rollout_ref.rollout.log_prob_*, which they follow unless set here.
+    log_prob_micro_batch_size_per_gpu: int = (
+        "${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    )
+    log_prob_max_token_len_per_gpu: int = (
+        "${actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu}"  # type: ignore[assignment]
+    )
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 0.2
@@ -112,10 +154,26 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
+def _follow_actor_fsdp() -> FSDPConfig:
+    """The reference's FSDP settings default to the actor's (each key can be set for the ref)."""
+    values: dict[str, Any] = {
+        f.name: f"${{actor_rollout_ref.actor.fsdp_config.{f.name}}}" for f in fields(FSDPConfig)
+    }
+    return FSDPConfig(**values)
+
+
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int = 8
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """The reference policy. Its engine is built from ``actor_rollout_ref.actor`` with these keys
+    merged over it; each defaults to the actor's value."""
+
+    log_prob_micro_batch_size_per_gpu: int = (
+        "${actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    )
+    log_prob_max_token_len_per_gpu: int = (
+        "${actor_rollout_ref.actor.log_prob_max_token_len_per_gpu}"  # type: ignore[assignment]
+    )
+    fsdp_config: FSDPConfig = field(default_factory=_follow_actor_fsdp)
 
 
 @dataclass
@@ -135,7 +193,11 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
-    log_prob_micro_batch_size_per_gpu: int = 8
+    # verl's keys for the actor's old log-probs (actor_rollout_ref.actor.log_prob_* follow them)
+    log_prob_micro_batch_size_per_gpu: int = (
+        "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    )
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     micro_batch_size: int = 64  # prompts per generate() call of the HF engine
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
@@ -160,6 +222,8 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticConfig:
+    # true: train a value model; refused unless the selected algorithm's step has a critic role.
+    # The other keys are in VERL_COMPAT_KEYS.
     enable: bool = False
     strategy: str = "fsdp2"
     ppo_mini_batch_size: int = 8
@@ -172,6 +236,7 @@ class CriticConfig:
 
 @dataclass
 class RewardModelConfig:
+    # true: score with a model; refused unless the selected algorithm's step has that role
     enable: bool = False
     reward_manager: str = "naive"
     num_workers: int = 2
@@ -207,6 +272,11 @@ class TrainerConfig:
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
     collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs
+    # Placement: role -> resource pool. Roles not listed share the "global" pool of
+    # nnodes x n_gpus_per_node workers, one process per device hosting all of them (colocated,
+    # verl's hybrid engine). A pool named here needs its size in resource_pools.
+    role_pools: dict[str, str] = field(default_factory=dict)
+    resource_pools: dict[str, int] = field(default_factory=dict)  # pool -> workers (devices)
 
 
 @dataclass

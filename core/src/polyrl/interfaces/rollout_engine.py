@@ -1,7 +1,8 @@
 """The interface a rollout (generation) backend implements: vLLM, SGLang, HF generate ...
 
-An instance lives in each worker process next to the training engine (the hybrid engine). It
-takes prompts, samples ``n`` responses each, and receives fresh weights after each actor update.
+An instance lives in each worker process of the rollout role's pool, usually next to the actor's
+training engine (the hybrid engine). It takes prompts, samples ``n`` responses each, and
+receives fresh weights after each actor update.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from polyrl.workers.mesh import DataParallelRank
 
 if TYPE_CHECKING:
     import torch
@@ -49,10 +52,23 @@ class RolloutContext:
 
 
 class RolloutEngine(ABC):
-    """One rank's generation engine."""
+    """One worker's generation engine."""
 
     def __init__(self, ctx: RolloutContext) -> None:
         self.ctx = ctx
+
+    def data_parallel_rank(self) -> DataParallelRank:
+        """This worker's data-parallel position: the driver gives every worker of one
+        ``dp_rank`` the same prompts and gathers the output of the one that ``returns_output``.
+
+        The default makes every worker its own data-parallel rank. A tensor-parallel engine
+        (vLLM with ``tensor_model_parallel_size > 1`` over the workers' process group)
+        overrides it: the ``tp`` peers of one engine report the same ``dp_rank``
+        (``rank // tp`` of ``world_size // tp``) and only one of them returns output.
+        """
+        return DataParallelRank(
+            dp_rank=self.ctx.rank, dp_size=self.ctx.world_size, returns_output=True
+        )
 
     @abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

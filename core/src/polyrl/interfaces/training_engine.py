@@ -1,8 +1,9 @@
 """The interface a training backend (FSDP2, Megatron, DeepSpeed ...) implements.
 
-One engine instance lives in each worker process, i.e. one per data-parallel rank, created after
-``torch.distributed`` is initialised. Methods are SPMD: the controller calls them on every rank
-at once with that rank's shard of the batch.
+One engine instance per role (actor, reference, critic ...) lives in each worker process of the
+role's pool, created after ``torch.distributed`` is initialised. Methods are SPMD: the controller
+calls them on every worker at once, each data-parallel rank with its shard of the batch (see
+:meth:`TrainingEngine.data_parallel_rank`).
 
 Batch layout (a :class:`polyrl.batch.Batch`): ``input_ids[B, P+R]`` = left-padded prompt followed
 by right-padded response, ``attention_mask[B, P+R]``, ``position_ids[B, P+R]``,
@@ -15,6 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from polyrl.workers.mesh import DataParallelRank
 
 if TYPE_CHECKING:
     import torch
@@ -57,10 +60,22 @@ class MicroBatchLossFn(Protocol):
 
 
 class TrainingEngine(ABC):
-    """One data-parallel rank of a training backend."""
+    """One worker's part of a training backend."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
+
+    def data_parallel_rank(self) -> DataParallelRank:
+        """This worker's data-parallel position: the driver gives every worker of one
+        ``dp_rank`` the same rows and gathers the output of the one that ``returns_output``.
+
+        The default makes every worker its own data-parallel rank. An engine that shards the
+        model over workers (tensor or pipeline parallelism) overrides it: its TP/PP peers report
+        the same ``dp_rank`` and only one of them returns output.
+        """
+        return DataParallelRank(
+            dp_rank=self.ctx.rank, dp_size=self.ctx.world_size, returns_output=True
+        )
 
     @abstractmethod
     def compute_log_prob(

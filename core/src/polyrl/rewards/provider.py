@@ -5,18 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from polyrl.config.nodes import schema_node
 from polyrl.interfaces.reward import RewardContext, RewardProvider, RewardResult, RewardSample
 from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.custom import load_custom_function
 from polyrl.rewards.runner import RewardRunner
-
-
-def _get(node: Any, key: str, default: Any) -> Any:
-    """A key of a config node that may be a DictConfig, a dataclass, a dict or None."""
-    if node is None:
-        return default
-    value = node.get(key, default) if isinstance(node, dict) else getattr(node, key, default)
-    return default if value is None else value
 
 
 class NaiveRewardProvider(RewardProvider):
@@ -25,25 +18,26 @@ class NaiveRewardProvider(RewardProvider):
 
     Config: ``reward_model.num_workers`` (0: in-process), ``.timeout_s``, ``.failure_score``,
     ``.on_error`` (``score`` | ``raise``). The worker pool starts here and lives until
-    :meth:`close`.
+    :meth:`close`. The context's nodes are read by attribute; a plain or partial dict (or None)
+    is first merged over the schema's node, so every default comes from the schema.
     """
 
     def __init__(self, ctx: RewardContext) -> None:
         super().__init__(ctx)
-        path = _get(ctx.custom_reward_function, "path", None)
-        name = str(_get(ctx.custom_reward_function, "name", "compute_score"))
+        custom: Any = schema_node(ctx.custom_reward_function, "custom_reward_function")
+        rm: Any = schema_node(ctx.reward_model, "reward_model")
+        path, name = custom.path, str(custom.name)
         if path:
             # Load once here so that a wrong path or name fails now, with a clear message,
             # rather than inside every worker.
             load_custom_function(path, name)
         scorer = ScorerRef(path=str(path) if path else None, name=name)
-        rm = ctx.reward_model
         self.runner = RewardRunner(
             scorer,
-            num_workers=int(_get(rm, "num_workers", 2)),
-            timeout_s=float(_get(rm, "timeout_s", 10.0)),
-            failure_score=float(_get(rm, "failure_score", 0.0)),
-            on_error=str(_get(rm, "on_error", "score")),
+            num_workers=int(rm.num_workers),
+            timeout_s=float(rm.timeout_s),
+            failure_score=float(rm.failure_score),
+            on_error=str(rm.on_error),
         )
 
     def score(self, samples: list[RewardSample]) -> list[RewardResult]:

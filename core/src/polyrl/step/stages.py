@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polyrl.batch import Batch
 from polyrl.interfaces import RewardSample, SamplingParams
 from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
@@ -21,6 +20,9 @@ from polyrl.step.context import StepContext
 from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
 from polyrl.step.pipeline import Stage, StepState
 from polyrl.workers.dispatch import Dispatch
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
 
 # What an engine's forward pass reads: the prompt and response of each row.
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -45,6 +47,8 @@ def training_sampling_params(cfg: Any, step: int) -> SamplingParams:
 def generate(ctx: StepContext, prompts: Batch, params: SamplingParams) -> Batch:
     """Generate on every rollout rank; the result holds ``n`` rows per prompt with the prompt's
     non-tensor fields."""
+    from polyrl.batch import Batch
+
     out = ctx.workers.call(
         "rollout",
         "generate",
@@ -212,10 +216,19 @@ class KLInRewardStage(Stage):
     provides = ("token_level_rewards",)
 
     def __init__(self, cfg: Any) -> None:
-        from polyrl.algorithms.kl import make_kl_controller
-
         self.kl_penalty = str(cfg.algorithm.kl_penalty)
-        self.controller = make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.kl_ctrl = cfg.algorithm.kl_ctrl
+        self._controller: Any = None
+
+    @property
+    def controller(self) -> Any:
+        """Built on first use: the KL module needs torch, and pipelines are also built where
+        only the config is checked (``polyrl validate``)."""
+        if self._controller is None:
+            from polyrl.algorithms.kl import make_kl_controller
+
+            self._controller = make_kl_controller(self.kl_ctrl)
+        return self._controller
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         from polyrl.algorithms.kl import apply_kl_in_reward

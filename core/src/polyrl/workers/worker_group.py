@@ -1,9 +1,10 @@
 """A group of Ray actors, one per device, placed with a placement group, called SPMD-style.
 
-The controller calls ``group.call("method", batch, dispatch=Dispatch.DP_SPLIT)``: the batch is cut
-by rank, every actor runs the method at once, the outputs come back gathered. When any rank fails
-the call raises at once with that rank's error instead of waiting on ranks that are now stuck in a
-collective (a hang is the worst failure mode of distributed RL).
+Generic over the worker class (:class:`~polyrl.workers.worker.Worker` in training; any class with
+a ``ready()`` method in tests). ``group.call("method", batch, dispatch=Dispatch.DP_SPLIT)`` cuts
+the batch by data-parallel rank, every actor runs the method at once, the outputs come back
+gathered. When any rank fails the call raises at once with that rank's error instead of waiting on
+ranks that are now stuck in a collective (a hang is the worst failure mode of distributed RL).
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
-from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
+from polyrl.workers.group import SPMDGroup, WorkerError
 
-
-class WorkerError(PolyrlError):
-    """A worker raised; the message names the rank and carries its error."""
+__all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
 
 
 def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None) -> None:
@@ -51,8 +53,17 @@ def _rendezvous_address(loopback: bool) -> tuple[str, int]:
         return host, sock.getsockname()[1]
 
 
-class WorkerGroup:
-    """``world_size`` actors of ``worker_cls``; rank ``r`` runs in placement-group bundle ``r``."""
+class WorkerGroup(SPMDGroup):
+    """``world_size`` actors of ``worker_cls``; rank ``r`` runs in placement-group bundle ``r``.
+
+    Each actor is built as ``worker_cls(rank=r, world_size=n, master_addr=..., master_port=...,
+    **init_kwargs)`` (the address and port are a free rendezvous point on rank 0's node for
+    torch.distributed) and must have a ``ready()`` method; the group waits for all of them.
+    ``cpus_per_worker`` is Ray's CPU reservation per actor (fractions are fine: the number of
+    CPUs Ray was started with must cover ``world_size * cpus_per_worker``);
+    ``threads_per_worker`` sets ``OMP_NUM_THREADS`` (default: one per GPU worker, the machine's
+    cores shared evenly on CPU).
+    """
 
     def __init__(
         self,
@@ -61,21 +72,30 @@ class WorkerGroup:
         world_size: int,
         device: str,
         init_kwargs: dict[str, Any],
+        name: str = "global",
         ready_timeout_s: float = 1800.0,
+        cpus_per_worker: float = 1.0,
+        threads_per_worker: int | None = None,
+        placement_timeout_s: float = 120.0,
     ) -> None:
-        self.world_size = world_size
+        self.name, self.world_size = name, world_size
+        self.workers: list[Any] = []
+        self._broken = False
+        resources: dict[str, float] = {"CPU": cpus_per_worker}
         if device == "cuda":
-            bundles = [{"GPU": 1, "CPU": 1} for _ in range(world_size)]
-        else:
-            bundles = [{"CPU": 1} for _ in range(world_size)]
-        self.placement_group = placement_group(bundles, strategy="PACK")
+            resources["GPU"] = 1
+        bundles = [dict(resources) for _ in range(world_size)]
+        self.placement_group: Any = placement_group(bundles, strategy="PACK")
         try:
-            ray.get(self.placement_group.ready(), timeout=120)
+            ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
             raise PolyrlError(
-                f"Ray could not reserve {world_size} x {bundles[0]} within 120 s; the cluster has "
-                f"{ray.cluster_resources()}. Lower trainer.n_gpus_per_node / trainer.nnodes or "
-                f"add resources."
+                f"Ray could not reserve {world_size} x {bundles[0]} for pool {name!r} within "
+                f"{placement_timeout_s:.0f} s; the cluster has {ray.cluster_resources()} "
+                f"(available now: {ray.available_resources()}). Lower trainer.n_gpus_per_node / "
+                f"trainer.nnodes / trainer.resource_pools or add resources."
             ) from exc
 
         def strategy(rank: int) -> PlacementGroupSchedulingStrategy:
@@ -89,12 +109,15 @@ class WorkerGroup:
             )
         )
         remote_cls = ray.remote(worker_cls)
-        resources = {"num_gpus": 1, "num_cpus": 1} if device == "cuda" else {"num_cpus": 1}
-        # On CPU the workers share the machine's cores: give each its share of threads (Ray's
-        # default of one thread per actor would leave cores idle when there are fewer workers).
-        threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // world_size)
+        options: dict[str, Any] = {"num_cpus": cpus_per_worker}
+        if device == "cuda":
+            options["num_gpus"] = 1
+        if threads_per_worker is None:
+            # On CPU the workers share the machine's cores: give each its share of threads
+            # (Ray's default of one thread per actor would leave cores idle).
+            threads_per_worker = 1 if device == "cuda" else (os.cpu_count() or 1) // world_size
         env = {
-            "OMP_NUM_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(max(1, threads_per_worker)),
             "MASTER_ADDR": master_addr,
             # transformers' per-load progress bars, repeated by every worker, would bury the
             # run's own progress display.
@@ -104,7 +127,7 @@ class WorkerGroup:
             remote_cls.options(
                 scheduling_strategy=strategy(rank),
                 runtime_env={"env_vars": env},
-                **resources,
+                **options,
             ).remote(
                 rank=rank,
                 world_size=world_size,
@@ -114,48 +137,77 @@ class WorkerGroup:
             )
             for rank in range(world_size)
         ]
-        self._wait([w.ready.remote() for w in self.workers], "start", ready_timeout_s)
+        try:
+            self._wait([w.ready.remote() for w in self.workers], "start", ready_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
 
-    def call(
+    def run(
         self,
         method: str,
-        *args: Any,
-        dispatch: Dispatch = Dispatch.BROADCAST,
+        per_rank_args: Sequence[tuple[Any, ...]],
+        *,
+        what: str | None = None,
         timeout_s: float | None = None,
-    ) -> Any:
-        """Run ``method`` on every rank with the arguments ``dispatch`` gives it."""
-        per_rank = split_args(dispatch, self.world_size, args)
+    ) -> list[Any]:
+        if len(per_rank_args) != self.world_size:
+            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.world_size} ranks")
+        # A batch several ranks receive (broadcast, or tensor-parallel peers of one dp rank)
+        # goes into the object store once.
+        stored: dict[int, Any] = {}
+
+        def once(arg: Any) -> Any:
+            if not isinstance(arg, Batch):
+                return arg
+            if id(arg) not in stored:
+                stored[id(arg)] = ray.put(arg)
+            return stored[id(arg)]
+
         refs = [
-            getattr(worker, method).remote(*rank_args)
-            for worker, rank_args in zip(self.workers, per_rank)
+            getattr(worker, method).remote(*(once(a) for a in args))
+            for worker, args in zip(self.workers, per_rank_args)
         ]
-        return gather_outputs(dispatch, self._wait(refs, method, timeout_s))
+        return self._wait(refs, what or method, timeout_s)
 
     def _wait(self, refs: list[Any], what: str, timeout_s: float | None) -> list[Any]:
-        """All results, or the first failure at once (with its rank), or a timeout error."""
+        """All results, or the first failure at once (with its rank), or a timeout error naming
+        the pending ranks; ``timeout_s`` bounds the whole call."""
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             if not done:
+                self._broken = True
                 raise WorkerError(
-                    f"worker call {what!r} did not finish within {timeout_s} s on ranks "
-                    f"{[refs.index(p) for p in pending]}"
+                    f"worker call {what!r} in pool {self.name!r} did not finish within "
+                    f"{timeout_s} s on ranks {sorted(rank_of[p] for p in pending)}"
                 )
             try:
                 ray.get(done[0])
             except ray.exceptions.RayError as exc:
-                rank = refs.index(done[0])
+                self._broken = True
                 cause = getattr(exc, "cause", None) or exc
                 raise WorkerError(
-                    f"worker rank {rank} failed in {what!r}: {type(cause).__name__}: {cause}"
+                    f"{self._describe(rank_of[done[0]])} failed in {what!r}: "
+                    f"{type(cause).__name__}: {cause}"
                 ) from exc
         return ray.get(refs)
 
-    def shutdown(self) -> None:
-        """Stop the actors and free the placement group."""
-        # A worker that failed earlier cannot shut down cleanly; it is killed below.
-        with contextlib.suppress(PolyrlError):
-            self._wait([w.shutdown.remote() for w in self.workers], "shutdown", 60)
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Stop the actors (their ``shutdown()`` first, when the group has not failed: a rank
+        stuck in a collective after a failure cannot shut down cleanly) and free the placement
+        group. Safe to call twice."""
+        if self.workers and not self._broken:
+            with contextlib.suppress(PolyrlError, AttributeError):
+                self._wait([w.shutdown.remote() for w in self.workers], "shutdown", timeout_s)
         for worker in self.workers:
-            ray.kill(worker)
-        remove_placement_group(self.placement_group)
+            with contextlib.suppress(Exception):
+                ray.kill(worker)
+        self.workers = []
+        if self.placement_group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.placement_group)
+            self.placement_group = None

@@ -12,6 +12,8 @@ from polyrl import hookimpl
 from polyrl.specs import TrainingEngineSpec
 
 ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
+# FSDP-specific rules of the run config (dtype, HSDP, offload ...), run by `polyrl validate`.
+CONFIG_CHECK = "polyrl_engine_fsdp.checks:check_config"
 
 
 def _spec(name: str, description: str) -> TrainingEngineSpec:
@@ -26,6 +28,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         supports_weight_sync=True,
         supports_checkpoint=True,
         runtime_modules=("torch",),
+        config_check=CONFIG_CHECK,
     )
 
 

@@ -25,6 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from polyrl.config.nodes import schema_node
+from polyrl_rollout_vllm.checks import dtype_problem, engine_kwargs_problem, tensor_parallel_problem
 from polyrl_rollout_vllm.errors import VLLMRolloutConfigError
 
 # Log-probs of the sampled token after temperature and top-k/top-p: log_softmax(logits / T)
@@ -40,34 +44,20 @@ CPU_KV_CACHE_MAX_BYTES = 2 << 30
 
 SEED_STRIDE = 1_000_003
 
-_DTYPES = {"bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float", "auto"}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def cfg_get(node: Any, key: str, default: Any = None) -> Any:
-    """``node[key]`` for a mapping or OmegaConf node, ``node.key`` for a dataclass; else
-    ``default`` (also when the value is None)."""
-    if node is None:
-        return default
-    if isinstance(node, Mapping) or hasattr(node, "keys"):
-        try:
-            value = node.get(key, default)
-        except Exception:  # noqa: BLE001 - OmegaConf raises on missing keys in struct mode
-            value = default
-        return default if value is None else value
-    value = getattr(node, key, default)
-    return default if value is None else value
+def rollout_node(config: Any) -> Any:
+    """The ``actor_rollout_ref.rollout`` node to read by attribute: a ``DictConfig`` (from the
+    schema) as is; a plain or partial dict, or a :class:`~polyrl.config.schema.RolloutConfig`,
+    merged over the schema's node (every default comes from the schema)."""
+    return schema_node(config, "actor_rollout_ref.rollout")
 
 
 def to_plain(value: Any) -> Any:
     """OmegaConf containers and mappings to plain dicts/lists (vLLM validates plain types)."""
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        pass
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
         return {k: to_plain(v) for k, v in value.items()}
     return value
@@ -76,19 +66,12 @@ def to_plain(value: Any) -> Any:
 def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
     """``engine_kwargs`` as vLLM arguments. verl nests them per backend
     (``engine_kwargs.vllm.<arg>``); a flat mapping is accepted too."""
-    raw = to_plain(cfg_get(config, "engine_kwargs", {})) or {}
-    if not isinstance(raw, dict):
-        raise VLLMRolloutConfigError(
-            f"actor_rollout_ref.rollout.engine_kwargs must be a mapping of vLLM engine "
-            f"arguments, got {type(raw).__name__}: {raw!r}"
-        )
+    raw = to_plain(rollout_node(config).engine_kwargs)
+    problem = engine_kwargs_problem(raw)
+    if problem:
+        raise VLLMRolloutConfigError(problem)
     if set(raw) & {"vllm", "sglang"}:
-        nested = raw.get("vllm") or {}
-        if not isinstance(nested, dict):
-            raise VLLMRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.vllm must be a mapping, got {nested!r}"
-            )
-        return dict(nested)
+        return dict(raw.get("vllm") or {})
     return dict(raw)
 
 
@@ -123,35 +106,34 @@ def build_engine_args(
     seed: int,
     rank: int = 0,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` from the rollout config node (see the module table)."""
-    dtype = str(cfg_get(config, "dtype", "bfloat16")).lower()
-    if dtype not in _DTYPES:
-        raise VLLMRolloutConfigError(
-            f"actor_rollout_ref.rollout.dtype={dtype!r} is not a dtype vLLM knows; "
-            f"use one of bfloat16, float16, float32, auto"
-        )
+    """Keyword arguments for ``vllm.LLM`` from the rollout config node (see the module table).
+
+    ``seed`` is used only when the node's ``seed`` is null (the schema's default is 0)."""
+    config = rollout_node(config)
+    problem = dtype_problem(config.dtype)
+    if problem:
+        raise VLLMRolloutConfigError(problem)
+    dtype = str(config.dtype).lower()
     dtype = _DTYPE_ALIASES.get(dtype, dtype)
-    tp = int(cfg_get(config, "tensor_model_parallel_size", 1))
-    if tp < 1:
-        raise VLLMRolloutConfigError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size must be >= 1, got {tp}"
-        )
+    tp = int(config.tensor_model_parallel_size)
+    problem = tensor_parallel_problem(tp, device)
+    if problem:
+        raise VLLMRolloutConfigError(problem)
     on_cuda = str(device).startswith("cuda")
-    max_num_seqs = int(cfg_get(config, "max_num_seqs", 256))
+    max_num_seqs = int(config.max_num_seqs)
+    base_seed = seed if config.seed is None else config.seed
     args: dict[str, Any] = {
         "model": model_path,
         "tokenizer": model_path,
         "dtype": dtype,
         # Each rank its own default sampling stream (requests without a seed), as the hf rollout.
-        "seed": int(cfg_get(config, "seed", seed)) + SEED_STRIDE * int(rank),
+        "seed": int(base_seed) + SEED_STRIDE * int(rank),
         "tensor_parallel_size": tp,
-        "enforce_eager": bool(cfg_get(config, "enforce_eager", True)),
+        "enforce_eager": bool(config.enforce_eager),
         # vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill.
-        "max_num_batched_tokens": max(
-            int(cfg_get(config, "max_num_batched_tokens", 8192)), max_model_len
-        ),
+        "max_num_batched_tokens": max(int(config.max_num_batched_tokens), max_model_len),
         "max_num_seqs": max_num_seqs,
-        "enable_prefix_caching": bool(cfg_get(config, "enable_prefix_caching", True)),
+        "enable_prefix_caching": bool(config.enable_prefix_caching),
         "max_model_len": int(max_model_len),
         "logprobs_mode": LOGPROBS_MODE,
         # Weights stream in from the trainer; a local folder only, never the hub.
@@ -159,20 +141,14 @@ def build_engine_args(
         "disable_log_stats": True,
     }
     if on_cuda:
-        args["gpu_memory_utilization"] = float(cfg_get(config, "gpu_memory_utilization", 0.5))
+        args["gpu_memory_utilization"] = float(config.gpu_memory_utilization)
         # Sleep mode needs vLLM's cumem allocator, which exists only on CUDA.
-        args["enable_sleep_mode"] = bool(cfg_get(config, "free_cache_engine", True))
+        args["enable_sleep_mode"] = bool(config.free_cache_engine)
         if tp > 1:
             # Hybrid engine with TP: every trainer rank hosts one TP shard of vLLM in its own
             # process, joined through the torch.distributed group that already exists (verl's way).
             args["distributed_executor_backend"] = "external_launcher"
     else:
-        if tp > 1:
-            raise VLLMRolloutConfigError(
-                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} is not supported on "
-                f"CPU: vLLM's CPU tensor parallelism runs workers in other processes, where the "
-                f"trainer's weights cannot be streamed in memory; set it to 1 on CPU"
-            )
         args["kv_cache_memory_bytes"] = kv_cache_bytes_estimate(
             model_path, max_num_seqs, max_model_len, dtype
         )

@@ -23,4 +23,6 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         supports_sleep=True,
         supports_logprobs=True,
         runtime_modules=("vllm",),
+        # vLLM-specific rules of the run config (dtype, tensor parallelism), for `polyrl validate`
+        config_check="polyrl_rollout_vllm.checks:check_config",
     )

@@ -1,0 +1,63 @@
+"""Batch arithmetic: prompts, responses and mini-batches split evenly over the actor's ranks."""
+
+from __future__ import annotations
+
+from polyrl.config.checks.checker import Checker
+from polyrl.config.checks.placement import role_world
+from polyrl.config.checks.ranges import at_least
+
+
+def check_batches(checker: Checker) -> None:
+    c = checker
+    nnodes = c.number("trainer.nnodes", at_least(1), ">= 1", integer=True)
+    per_node = c.number("trainer.n_gpus_per_node", at_least(1), ">= 1", integer=True)
+    train = c.number("data.train_batch_size", at_least(1), ">= 1", integer=True)
+    n = c.get("actor_rollout_ref.rollout.n")
+    if not (nnodes and per_node and train and isinstance(n, int) and n >= 1):
+        return
+    found = role_world(c.cfg, "actor")
+    if found is None:  # a pool without a usable size: reported by the placement check
+        return
+    world, where = found
+    if train % world:
+        c.add(
+            f"data.train_batch_size {train} is not divisible by the {where}: prompts are split "
+            f"across ranks before generation; make the batch a multiple of {world}"
+        )
+    if (train * n) % world:
+        c.add(
+            f"data.train_batch_size {train} x rollout.n {n} = {train * n} responses are not "
+            f"divisible by the {where}"
+        )
+    _check_ppo_batches(c, "actor_rollout_ref.actor", train, n, world, where)
+
+
+def _check_ppo_batches(c: Checker, role: str, train: int, n: int, world: int, where: str) -> None:
+    mini = c.number(f"{role}.ppo_mini_batch_size", at_least(1), ">= 1 (prompts)", integer=True)
+    micro = c.number(f"{role}.ppo_micro_batch_size_per_gpu", at_least(1), ">= 1", integer=True)
+    if not mini:
+        return
+    if train < mini:
+        c.add(
+            f"data.train_batch_size {train} < {role}.ppo_mini_batch_size {mini}: a step needs at "
+            f"least one mini-batch; lower {role}.ppo_mini_batch_size to <= {train}"
+        )
+    elif train % mini:
+        c.add(
+            f"data.train_batch_size {train} is not divisible by {role}.ppo_mini_batch_size "
+            f"{mini}: every mini-batch must be full"
+        )
+    responses = mini * n
+    if responses % world:
+        c.add(
+            f"{role}.ppo_mini_batch_size {mini} x rollout.n {n} = {responses} responses per "
+            f"mini-batch are not divisible by the {where}"
+        )
+        return
+    per_gpu = responses // world
+    if micro and c.get(f"{role}.use_dynamic_bsz") is not True and per_gpu % micro:
+        c.add(
+            f"per-GPU mini-batch {per_gpu} (= {role}.ppo_mini_batch_size {mini} x rollout.n {n} "
+            f"/ world {world}) is not divisible by {role}.ppo_micro_batch_size_per_gpu {micro}; "
+            f"pick a divisor of {per_gpu} or set {role}.use_dynamic_bsz=true"
+        )

@@ -1,0 +1,80 @@
+"""The data: train (and val) files are set, exist, and have the columns verl-format data needs
+(read from the parquet schema, not the rows); ``builtin:`` sources name a known generator."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+from polyrl.config.checks.checker import MISSING, Checker, as_list
+from polyrl.errors import PolyrlError
+
+GENERATED_DATA_PREFIX = "builtin:"
+REQUIRED_COLUMNS_FIXED = ("reward_model",)
+
+
+def check_data(checker: Checker) -> None:
+    prompt_key = checker.get("data.prompt_key")
+    source_key = checker.get("data.reward_fn_key")
+    columns = [c for c in (source_key, prompt_key) if isinstance(c, str)]
+    columns += list(REQUIRED_COLUMNS_FIXED)
+    for key, required in (("data.train_files", True), ("data.val_files", False)):
+        value = checker.get(key)
+        if value is MISSING or value is None or value == []:
+            if required:
+                checker.add(f"{key} is not set: give a parquet file, {key}=<path.parquet>")
+            continue
+        for path in as_list(value):
+            _check_data_file(checker, key, path, columns)
+
+
+def _check_data_file(checker: Checker, key: str, path: Any, columns: list[str]) -> None:
+    if not isinstance(path, str) or not path:
+        checker.add(f"{key}: {path!r} is not a file path")
+        return
+    if path.startswith(GENERATED_DATA_PREFIX):
+        _check_generated_data(checker, key, path)
+        return
+    full = os.path.expanduser(path)
+    if not os.path.exists(full):
+        checker.add(f"{key}: file {path!r} does not exist")
+        return
+    if not full.endswith(".parquet") or os.path.isdir(full):
+        return
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(full)
+    except Exception as exc:  # noqa: BLE001 - reported as a problem line
+        checker.add(f"{key}: {path!r} is not a readable parquet file ({type(exc).__name__}: {exc})")
+        return
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        checker.add(
+            f"{key}: {path!r} lacks the column(s) {', '.join(missing)} "
+            f"(it has: {', '.join(schema.names)}); verl-format data needs "
+            f"{', '.join(columns)} (data.prompt_key / data.reward_fn_key name the first two)"
+        )
+
+
+def _check_generated_data(checker: Checker, key: str, spec: str) -> None:
+    """A ``builtin:<generator>[/<task>][?k=v]`` source names a known generator (nothing is
+    generated here: that happens when training starts)."""
+    try:
+        from polyrl.data.generate import GENERATORS
+        from polyrl.data.sources import parse_builtin
+    except ImportError:  # the data package is optional for validation
+        return
+    try:
+        name, _task, _params = parse_builtin(spec)
+    except PolyrlError as exc:
+        checker.add(f"{key}: {exc}")
+        return
+    if name not in GENERATORS:
+        close = difflib.get_close_matches(name, list(GENERATORS), n=1)
+        hint = f" Did you mean {GENERATED_DATA_PREFIX}{close[0]}?" if close else ""
+        checker.add(
+            f"{key}: {spec!r} names no built-in dataset generator.{hint} Available: "
+            f"{', '.join(GENERATED_DATA_PREFIX + g for g in sorted(GENERATORS))}"
+        )

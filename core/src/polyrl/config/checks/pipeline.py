@@ -1,0 +1,153 @@
+"""The step: the selected algorithm, its pipeline, and the pipeline's data chain.
+
+The algorithm is ``algorithm.name``, or the one that owns ``algorithm.adv_estimator`` (see
+:func:`polyrl.step.algorithm.select_algorithm`). Its pipeline is built as the driver builds it
+(no model is loaded) and :meth:`~polyrl.step.pipeline.StepPipeline.check` proves that every
+batch key a stage reads is provided by the data loader or an earlier stage. The step's roles also
+decide whether ``critic.enable`` and ``reward_model.enable`` can be honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from polyrl import registry as registry_module
+from polyrl.config.checks.checker import MISSING, Checker
+from polyrl.config.checks.plugins import check_locatable, check_not_broken
+from polyrl.errors import ConfigError, PolyrlError
+from polyrl.registry import Registration, Registry
+from polyrl.specs import PluginKind
+
+if TYPE_CHECKING:
+    from polyrl.step.pipeline import StepPipeline
+
+ALGORITHM_KEY = PluginKind.ALGORITHM.config_key
+# The selections the standard stages look up while the pipeline is built: when one of them is
+# already reported, building the pipeline would only repeat it.
+STAGE_SELECTIONS = (
+    PluginKind.ROLLOUT_ENGINE.config_key,
+    PluginKind.ADVANTAGE_ESTIMATOR.config_key,
+    PluginKind.POLICY_LOSS.config_key,
+)
+# Roles that a config switch asks for; refused when the selected step has no such role.
+SWITCHED_ROLES = {
+    "critic.enable": (
+        "critic",
+        "a critic (value model)",
+        "drop critic.enable, or pick an algorithm that trains one with algorithm.name=<name>",
+    ),
+    "reward_model.enable": (
+        "reward_model",
+        "a model-based reward model",
+        "score with the built-in verifiable rewards, custom_reward_function.path, or a reward "
+        "plugin",
+    ),
+}
+
+
+@contextmanager
+def as_process_registry(registry: Registry) -> Iterator[None]:
+    """Make ``registry`` the process registry while the pipeline is built: stages look plugins up
+    with :func:`polyrl.registry.get_registry`."""
+    previous = registry_module._registry
+    if previous is registry:
+        yield
+        return
+    registry_module.set_registry(registry)
+    try:
+        yield
+    finally:
+        registry_module.set_registry(previous)
+
+
+def _package(reg: Registration) -> str:
+    return f"package {reg.provenance.distribution}"
+
+
+def select_algorithm(checker: Checker) -> Registration | None:
+    """The algorithm the config selects (its problems reported), or None."""
+    name = checker.get(ALGORITHM_KEY)
+    estimator = checker.get("algorithm.adv_estimator")
+    if name is MISSING or (name is not None and not isinstance(name, str)):
+        checker.add(
+            f"{ALGORITHM_KEY}={name!r} must be an algorithm name, or null (the algorithm "
+            f"that owns algorithm.adv_estimator)"
+        )
+        return None
+    try:
+        from polyrl.step.algorithm import select_algorithm as select
+    except ImportError as exc:
+        checker.add(f"{ALGORITHM_KEY}: the step machinery cannot be imported ({exc})")
+        return None
+    try:
+        reg = select(name or None, str(estimator), checker.registry)
+    except ConfigError as exc:
+        checker.add(" ".join(str(exc).split()))
+        return None
+    except PolyrlError as exc:
+        key = ALGORITHM_KEY if name else "algorithm.adv_estimator"
+        checker.add(f"{key}: {' '.join(str(exc).split())}")
+        return None
+    check_not_broken(checker, ALGORITHM_KEY, reg)
+    check_locatable(checker, ALGORITHM_KEY, reg)
+    return reg
+
+
+def build_step(cfg: Any, registry: Registry) -> StepPipeline:
+    """The step of the algorithm ``cfg`` selects, built with ``registry`` (may raise)."""
+    from polyrl.step.algorithm import build_pipeline
+
+    with as_process_registry(registry):
+        return build_pipeline(cfg, registry)
+
+
+def check_step(
+    checker: Checker, selected: dict[str, Registration], algorithm: Registration | None
+) -> StepPipeline | None:
+    """Build the step and check its chain; returns it, or None when it cannot be built."""
+    if algorithm is None or any(key not in selected for key in STAGE_SELECTIONS):
+        return None
+    owner = f"algorithm {algorithm.name!r} ({_package(algorithm)})"
+    pipeline = None
+    try:
+        pipeline = build_step(checker.cfg, checker.registry)
+    except ConfigError as exc:
+        checker.add(" ".join(str(exc).split()))
+    except PolyrlError as exc:
+        checker.add(f"{owner}: its step cannot be built: {' '.join(str(exc).split())}")
+    except Exception as exc:  # noqa: BLE001 - a plugin bug is a problem line, not a crash
+        checker.add(
+            f"{owner}: building its step failed ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}); report it to {algorithm.provenance.distribution}"
+        )
+    if pipeline is not None:
+        for problem in pipeline.check():
+            checker.add(f"{owner}: {problem}")
+    roles = pipeline.roles() if pipeline is not None else tuple(algorithm.spec.roles)
+    _check_switched_roles(checker, algorithm, roles)
+    return pipeline
+
+
+def _check_switched_roles(
+    checker: Checker, algorithm: Registration, roles: tuple[str, ...]
+) -> None:
+    for key, (role, what, fix) in SWITCHED_ROLES.items():
+        if checker.get(key) is not True or role in roles:
+            continue
+        others = [
+            f"{r.name} ({r.provenance.distribution})"
+            for r in checker.registry.all(PluginKind.ALGORITHM)
+            if role in r.spec.roles
+        ]
+        having = (
+            f"algorithms with one: {', '.join(others)}"
+            if others
+            else "no installed algorithm has one"
+        )
+        checker.add(
+            f"{key}=true: the selected algorithm {algorithm.name!r} ({_package(algorithm)}) has "
+            f"no {role!r} role, so {what} would not be trained or used (its step uses "
+            f"{', '.join(roles) or 'no role'}; {having}): {fix}"
+        )

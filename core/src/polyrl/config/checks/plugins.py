@@ -1,0 +1,257 @@
+"""Plugins: every selected name exists, its implementation can be located, it supports the
+device, its ``plugins.<name>`` section has only its keys, and its own ``config_check`` passes.
+
+Implementations are only *located* (their module file is found without running it), so a
+missing backend is reported here rather than after a GPU job has started. A plugin's
+``config_check`` is imported and run: it must be light (see :class:`polyrl.specs._Spec`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import fields, is_dataclass
+from importlib.machinery import PathFinder
+from typing import Any
+
+from polyrl.config.checks.checker import MISSING, Checker, as_list, is_number
+from polyrl.errors import PolyrlError
+from polyrl.registry import Registration
+from polyrl.specs import PluginKind, resolve_object
+
+DEVICES = ("cpu", "cuda")
+# The attribute of each spec type that names its implementation.
+IMPLEMENTATION_ATTRIBUTES = ("engine", "fn", "provider", "logger", "pipeline")
+
+
+# ---- locating implementations ------------------------------------------------------------------
+def module_findable(module_name: str) -> str | None:
+    """None if ``module_name`` can be found on the path without executing any of it, else why not.
+
+    ``importlib.util.find_spec("a.b")`` would import ``a``; instead the top-level package is located
+    with the import system's finders and each submodule inside its parent's folder.
+    """
+    parts = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if spec is None:
+        return f"No module named {parts[0]!r}"
+    for depth in range(1, len(parts)):
+        locations = spec.submodule_search_locations
+        name = ".".join(parts[: depth + 1])
+        if locations is None:
+            return f"{'.'.join(parts[:depth])!r} is not a package, so {name!r} cannot exist"
+        sub = PathFinder.find_spec(name, list(locations))
+        if sub is None:
+            return f"No module named {name!r}"
+        spec = sub
+    return None
+
+
+def implementation_target(reg: Registration) -> Any:
+    for attr in IMPLEMENTATION_ATTRIBUTES:
+        if hasattr(reg.spec, attr):
+            return getattr(reg.spec, attr)
+    return None
+
+
+def check_locatable(checker: Checker, key: str, reg: Registration) -> None:
+    target = implementation_target(reg)
+    if not isinstance(target, str):
+        return
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        checker.add(
+            f"{key}={reg.name!r}: package {reg.provenance.distribution} registers a malformed "
+            f"import string {target!r} (expected 'package.module:Attribute'); report it upstream"
+        )
+        return
+    why = module_findable(module_name)
+    if why:
+        checker.add(
+            f"{key}={reg.name!r}: its implementation {target!r} from package "
+            f"{reg.provenance.distribution} {reg.provenance.version} cannot be found ({why}). "
+            f"Reinstall it: pip install '{reg.provenance.distribution}'"
+        )
+
+
+def check_not_broken(checker: Checker, key: str, reg: Registration) -> None:
+    broken = [
+        b
+        for b in checker.registry.broken
+        if b.distribution == reg.provenance.distribution and b.plugin == reg.provenance.plugin
+    ]
+    if broken:
+        checker.add(
+            f"{key}={reg.name!r}: plugin {reg.provenance.plugin} of package "
+            f"{reg.provenance.distribution} is broken ({broken[0].error}); reinstall or fix it"
+        )
+
+
+# ---- selection ---------------------------------------------------------------------------------
+def select(checker: Checker, kind: PluginKind, key: str, name: Any) -> Registration | None:
+    if name is MISSING or name is None or name == "":
+        checker.add(f"{key} is not set: choose one of {', '.join(checker.registry.names(kind))}")
+        return None
+    if not isinstance(name, str):
+        checker.add(f"{key}={name!r} must be a plugin name (a string)")
+        return None
+    try:
+        reg = checker.registry.get(kind, name)
+    except PolyrlError as exc:
+        checker.add(f"{key}: {exc}")
+        return None
+    check_not_broken(checker, key, reg)
+    check_locatable(checker, key, reg)
+    return reg
+
+
+def check_selection(checker: Checker) -> dict[str, Registration]:
+    """Every plugin selected by name exists and can be located; returns them by config key
+    (``trainer.logger[i]`` for loggers). The algorithm, which ``algorithm.name`` may leave to
+    ``algorithm.adv_estimator``, is selected by :mod:`polyrl.config.checks.pipeline`."""
+    selected: dict[str, Registration] = {}
+    for kind in PluginKind:
+        if kind is PluginKind.ALGORITHM:
+            continue
+        key = kind.config_key
+        value = checker.get(key)
+        if kind is PluginKind.LOGGER:
+            for i, name in enumerate(as_list(value)):
+                reg = select(checker, kind, key, name)
+                if reg:
+                    selected[f"{key}[{i}]"] = reg
+            continue
+        reg = select(checker, kind, key, value)
+        if reg:
+            selected[key] = reg
+    return selected
+
+
+# ---- capabilities ------------------------------------------------------------------------------
+def check_capabilities(checker: Checker, selected: dict[str, Registration]) -> None:
+    estimator = selected.get(PluginKind.ADVANTAGE_ESTIMATOR.config_key)
+    n = checker.get("actor_rollout_ref.rollout.n")
+    if estimator is not None and estimator.spec.requires_groups and is_number(n) and n < 2:
+        checker.add(
+            f"algorithm.adv_estimator={estimator.name!r} compares samples of one prompt, so it "
+            f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): set "
+            f"actor_rollout_ref.rollout.n=4, for example"
+        )
+    device = checker.get("trainer.device")
+    if device not in DEVICES:
+        return
+    flag = "supports_cpu" if device == "cpu" else "supports_cuda"
+    for key, reg in selected.items():
+        if reg.kind not in (PluginKind.TRAINING_ENGINE, PluginKind.ROLLOUT_ENGINE):
+            continue
+        if not getattr(reg.spec, flag, True):
+            others = [
+                r.name for r in checker.registry.all(reg.kind) if getattr(r.spec, flag, False)
+            ]
+            alternatives = f" Engines that do: {', '.join(others)}." if others else ""
+            checker.add(
+                f"{key}={reg.name!r} (package {reg.provenance.distribution}) does not support "
+                f"trainer.device={device}.{alternatives}"
+            )
+
+
+# ---- plugin config sections --------------------------------------------------------------------
+def check_sections(checker: Checker, selected: dict[str, Registration]) -> None:
+    sections = checker.get("plugins")
+    if not isinstance(sections, dict):
+        return
+    by_name: dict[str, list[Registration]] = {}
+    for reg in selected.values():
+        by_name.setdefault(reg.name, []).append(reg)
+    all_names = sorted({reg.name for reg in checker.registry.all()})
+    for name, section in sections.items():
+        if name not in all_names:
+            close = difflib.get_close_matches(name, all_names, n=1)
+            hint = f" Did you mean plugins.{close[0]}?" if close else ""
+            checker.add(f"plugins.{name} configures no installed plugin.{hint}")
+            continue
+        for reg in _unique(by_name.get(name, [])):
+            _check_section_fields(checker, name, section, reg)
+
+
+def _unique(regs: list[Registration]) -> list[Registration]:
+    seen: list[Registration] = []
+    for reg in regs:
+        if not any(reg is other for other in seen):
+            seen.append(reg)
+    return seen
+
+
+def _check_section_fields(checker: Checker, name: str, section: Any, reg: Registration) -> None:
+    config_class = getattr(reg.spec, "config_class", None)
+    if config_class is None:
+        return
+    try:
+        cls = resolve_object(config_class)
+    except Exception as exc:  # noqa: BLE001 - reported as a problem line
+        checker.add(
+            f"plugins.{name}: config class {config_class!r} of package "
+            f"{reg.provenance.distribution} cannot be loaded ({type(exc).__name__}: {exc})"
+        )
+        return
+    if not is_dataclass(cls):
+        checker.add(
+            f"plugins.{name}: package {reg.provenance.distribution} declares config_class "
+            f"{cls!r}, which is not a dataclass; report it upstream"
+        )
+        return
+    if not isinstance(section, dict):
+        checker.add(f"plugins.{name} must be a mapping of keys to values, got {section!r}")
+        return
+    valid = [f.name for f in fields(cls)]
+    for key in section:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" Did you mean plugins.{name}.{close[0]}?" if close else ""
+            checker.add(
+                f"unknown key plugins.{name}.{key} for {reg.kind.value} {name!r}.{hint} "
+                f"Valid keys: {', '.join(valid)}"
+            )
+
+
+# ---- the plugins' own checks -------------------------------------------------------------------
+def run_plugin_checks(checker: Checker, selected: dict[str, Registration]) -> None:
+    """Run the ``config_check`` of every selected plugin (each check once). A check that cannot
+    be imported, raises, or returns something other than a list of strings is one line naming
+    its package."""
+    done: set[Any] = set()
+    for key, reg in selected.items():
+        check = reg.spec.config_check
+        identity = check if isinstance(check, str) else id(check)
+        if check is None or identity in done:
+            continue
+        done.add(identity)
+        owner = f"{key.split('[')[0]}={reg.name!r} (package {reg.provenance.distribution})"
+        try:
+            found = resolve_object(check)(checker.cfg)
+        except Exception as exc:  # noqa: BLE001 - a plugin bug is a problem line, not a crash
+            checker.add(
+                f"{owner}: its config check {_describe(check)} failed "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())}); report it to "
+                f"{reg.provenance.distribution}"
+            )
+            continue
+        if not isinstance(found, (list, tuple)) or not all(isinstance(p, str) for p in found):
+            checker.add(
+                f"{owner}: its config check {_describe(check)} returned {type(found).__name__}, "
+                f"not a list of strings; report it to {reg.provenance.distribution}"
+            )
+            continue
+        for problem in found:
+            checker.add(" ".join(problem.split()))
+
+
+def _describe(check: Any) -> str:
+    if isinstance(check, str):
+        return repr(check)
+    module = getattr(check, "__module__", None)
+    name = getattr(check, "__qualname__", None) or type(check).__name__
+    return f"'{module}:{name}'" if module else repr(name)

@@ -1,0 +1,315 @@
+"""Which workers host which roles, and the driver's handle on them.
+
+Roles are placed in resource pools (``trainer.role_pools``: role -> pool; a role not listed is
+in the ``global`` pool of ``trainer.nnodes x trainer.n_gpus_per_node`` workers; any other pool
+needs its size in ``trainer.resource_pools``). Each pool is one
+:class:`~polyrl.workers.worker_group.WorkerGroup` of :class:`~polyrl.workers.worker.Worker`
+processes, one per device, and every worker of a pool hosts all the pool's roles (colocated:
+verl's hybrid engine when actor, rollout and reference share the global pool).
+
+:class:`RoleWorkers` is what the step calls (the :class:`polyrl.step.context.RoleCalls`
+protocol): ``call(role, method, *args, dispatch=...)`` dispatches over that role's data-parallel
+mesh (:mod:`polyrl.workers.dispatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from polyrl.errors import ConfigError, PolyrlError
+from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
+from polyrl.workers.group import SPMDGroup
+from polyrl.workers.mesh import DataParallelRank, check_mesh
+
+GLOBAL_POOL = "global"
+
+
+class PoolPlan(NamedTuple):
+    """A pool's number of workers and the roles each of them hosts (in first-use order)."""
+
+    size: int
+    roles: tuple[str, ...]
+
+
+def plan_pools(cfg: Any, roles: Sequence[str]) -> dict[str, PoolPlan]:
+    """``{pool: (size, roles)}`` for the ``roles`` the step uses, pools in first-use order.
+
+    Entries of ``trainer.role_pools`` for roles the step does not use, and pools no used role
+    is in, are ignored (a recipe may place roles of several algorithms).
+    """
+    trainer = cfg.trainer
+    role_pools = {str(k): str(v) for k, v in trainer.role_pools.items()}
+    resource_pools = dict(trainer.resource_pools)
+    global_size = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    if GLOBAL_POOL in resource_pools:
+        raise ConfigError(
+            f"trainer.resource_pools.{GLOBAL_POOL}: the {GLOBAL_POOL!r} pool's size is "
+            f"trainer.nnodes x trainer.n_gpus_per_node = {global_size}; give other pools other "
+            f"names"
+        )
+    members: dict[str, list[str]] = {}
+    for role in dict.fromkeys(roles):
+        members.setdefault(role_pools.get(role, GLOBAL_POOL), []).append(role)
+    plan = {}
+    for pool, pool_roles in members.items():
+        if pool == GLOBAL_POOL:
+            size = global_size
+            where = "trainer.nnodes x trainer.n_gpus_per_node"
+        elif pool in resource_pools:
+            size = resource_pools[pool]
+            where = f"trainer.resource_pools.{pool}"
+        else:
+            raise ConfigError(
+                f"trainer.role_pools puts the role(s) {pool_roles} in the pool {pool!r}, which "
+                f"trainer.resource_pools does not size (it sizes {sorted(resource_pools)}); add "
+                f"trainer.resource_pools.{pool}=<number of workers>"
+            )
+        try:
+            workers = int(size)
+        except (TypeError, ValueError):
+            workers = 0
+        if workers < 1 or workers != size:
+            raise ConfigError(
+                f"the pool {pool!r} (roles {pool_roles}) has {size!r} workers ({where}); it "
+                f"needs a whole number of at least 1"
+            )
+        plan[pool] = PoolPlan(workers, tuple(pool_roles))
+    return plan
+
+
+class RoleWorkers:
+    """The driver's handle on the roles: one worker group per pool, meshes per role.
+
+    ``groups`` maps each pool to its group (:class:`~polyrl.workers.worker_group.WorkerGroup`,
+    or :class:`~polyrl.workers.local.LocalWorkerGroup` in tests) of workers serving ``mesh``,
+    ``call``, ``sync_weights``, ``save_checkpoint``, ``load_checkpoint``, ``export_hf`` and
+    ``shutdown`` (:class:`~polyrl.workers.worker.Worker`); ``role_pools`` maps each role to its
+    pool. ``pad_values`` right-pads gathered batches of different widths per key (token ids
+    with the pad id); ``call_timeout_s`` bounds every call (None: no limit, the collective
+    timeout of the workers still applies).
+    """
+
+    def __init__(
+        self,
+        groups: Mapping[str, SPMDGroup],
+        role_pools: Mapping[str, str],
+        *,
+        pad_values: dict[str, int | float] | None = None,
+        call_timeout_s: float | None = None,
+    ) -> None:
+        self.groups = dict(groups)
+        self.role_pools = dict(role_pools)
+        unknown = {r: p for r, p in self.role_pools.items() if p not in self.groups}
+        if unknown:
+            raise PolyrlError(f"roles placed in pools without a worker group: {unknown}")
+        self.pad_values = dict(pad_values or {})
+        self.call_timeout_s = call_timeout_s
+        self._meshes: dict[str, tuple[DataParallelRank, ...]] = {}
+        for role in self.role_pools:
+            group = self._group(role)
+            mesh = tuple(
+                group.run(
+                    "mesh",
+                    [(role,)] * group.world_size,
+                    what=f"{role}.mesh",
+                    timeout_s=call_timeout_s,
+                )
+            )
+            check_mesh(mesh, role)
+            self._meshes[role] = mesh
+
+    # ---- where roles are -----------------------------------------------------------------------
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self.role_pools)
+
+    def pool_of(self, role: str) -> str:
+        if role not in self.role_pools:
+            raise PolyrlError(
+                f"no worker hosts the role {role!r}; the roles started are {list(self.roles)} "
+                f"(the step's stages declare which roles exist)"
+            )
+        return self.role_pools[role]
+
+    def _group(self, role: str) -> SPMDGroup:
+        return self.groups[self.pool_of(role)]
+
+    def mesh(self, role: str) -> tuple[DataParallelRank, ...]:
+        """The data-parallel position of each worker of ``role``'s pool, in rank order."""
+        self.pool_of(role)
+        return self._meshes[role]
+
+    # ---- RoleCalls -----------------------------------------------------------------------------
+    def dp_size(self, role: str) -> int:
+        return self.mesh(role)[0].dp_size
+
+    def call(
+        self,
+        role: str,
+        method: str,
+        *args: Any,
+        dispatch: Dispatch = Dispatch.DP_SPLIT,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """``method`` of ``role`` on every worker hosting it, arguments and outputs by
+        ``dispatch`` over the role's mesh."""
+        mesh = self.mesh(role)
+        per_worker = split_args(dispatch, mesh, args)
+        outputs = self._group(role).run(
+            "call",
+            [(role, method, *worker_args) for worker_args in per_worker],
+            what=f"{role}.{method}",
+            timeout_s=self._timeout(timeout_s),
+        )
+        return gather_outputs(dispatch, mesh, outputs, self.pad_values)
+
+    def sync_weights(self, source: str, target: str) -> dict[str, float]:
+        """Stream ``source``'s full weights into ``target`` in every worker of their pool:
+        ``{"bytes": per worker, "seconds": slowest worker}``."""
+        pools = {source: self.pool_of(source), target: self.pool_of(target)}
+        if pools[source] != pools[target]:
+            raise PolyrlError(
+                f"weight sync from role {source!r} (pool {pools[source]!r}) to role {target!r} "
+                f"(pool {pools[target]!r}) crosses pools, which polyrl does not support yet; "
+                f"put both roles in one pool (trainer.role_pools)"
+            )
+        group = self._group(source)
+        results = group.run(
+            "sync_weights",
+            [(source, target)] * group.world_size,
+            what=f"sync_weights {source} -> {target}",
+            timeout_s=self.call_timeout_s,
+        )
+        return {
+            "bytes": float(results[0]["bytes"]),
+            "seconds": max(float(r["seconds"]) for r in results),
+        }
+
+    # ---- checkpoints, export, shutdown -------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Every pool writes its roles with a checkpoint into ``directory/<role>``; the roles
+        saved."""
+        return self._every_pool("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> list[str]:
+        """Every pool restores its roles from ``directory/<role>`` (and re-syncs a colocated
+        rollout from the actor); the roles loaded."""
+        return self._every_pool("load_checkpoint", directory)
+
+    def export_hf(self, directory: str, role: str = "actor") -> None:
+        """``role``'s model as a Hugging Face folder in ``directory``."""
+        group = self._group(role)
+        group.run(
+            "export_hf",
+            [(directory, role)] * group.world_size,
+            what=f"{role}.export_hf",
+            timeout_s=self.call_timeout_s,
+        )
+
+    def _every_pool(self, method: str, directory: str) -> list[str]:
+        done: list[str] = []
+        for pool, group in self.groups.items():
+            per_rank = group.run(
+                method,
+                [(directory,)] * group.world_size,
+                what=f"{method} (pool {pool!r})",
+                timeout_s=self.call_timeout_s,
+            )
+            done += per_rank[0]
+        return done
+
+    def shutdown(self) -> None:
+        """Stop every pool (each is stopped even when another fails to); safe to call twice."""
+        groups, self.groups = self.groups, {}
+        failures = []
+        for pool, group in groups.items():
+            try:
+                group.shutdown()
+            except Exception as exc:  # noqa: BLE001 - every pool gets its chance
+                failures.append(f"{pool}: {type(exc).__name__}: {exc}")
+        if failures:
+            raise PolyrlError(f"stopping the worker pools failed: {failures}")
+
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return timeout_s if timeout_s is not None else self.call_timeout_s
+
+
+def start_role_workers(
+    cfg: Any,
+    roles: tuple[str, ...],
+    *,
+    model_path: str,
+    total_training_steps: int,
+    tokens: dict[str, Any],
+    role_classes: Mapping[str, type | str] | None = None,
+    worker_cls: type | None = None,
+    ready_timeout_s: float = 1800.0,
+    call_timeout_s: float | None = None,
+) -> RoleWorkers:
+    """Start one Ray worker group per pool of :func:`plan_pools` and return the handle.
+
+    ``roles``: the roles the step uses (``StepPipeline.roles()``); ``role_classes``: classes of
+    roles beyond core's (``AlgorithmSpec.role_classes``, import strings preferred: they are
+    resolved in the workers); ``tokens``: ``pad_token_id`` and ``eos_token_ids``.
+    ``worker_cls`` replaces :class:`~polyrl.workers.worker.Worker` (a subclass that times calls,
+    in benchmarks). Ray must be running (:func:`~polyrl.workers.worker_group.ensure_ray`; it is
+    started with defaults otherwise). Each worker reserves at most one CPU: fewer (a fraction)
+    when Ray has fewer CPUs available than there are workers.
+    """
+    import ray
+
+    from polyrl.workers.worker import Worker
+    from polyrl.workers.worker_group import WorkerGroup, ensure_ray
+
+    if not roles:
+        raise PolyrlError("start_role_workers needs at least one role")
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    plan = plan_pools(cfg, roles)
+    ensure_ray()
+    device = str(cfg.trainer.device)
+    total = sum(pool.size for pool in plan.values())
+    available = float(ray.available_resources().get("CPU", 0.0))
+    cpus = min(1.0, math.floor(100 * available / total) / 100) or 1.0
+    threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // total)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    groups: dict[str, SPMDGroup] = {}
+    try:
+        for pool, (size, pool_roles) in plan.items():
+            groups[pool] = WorkerGroup(
+                worker_cls or Worker,
+                world_size=size,
+                device=device,
+                name=pool,
+                ready_timeout_s=ready_timeout_s,
+                cpus_per_worker=cpus,
+                threads_per_worker=threads,
+                init_kwargs={
+                    "cfg": container,
+                    "roles": pool_roles,
+                    "role_classes": dict(role_classes or {}),
+                    "model_path": model_path,
+                    "total_training_steps": int(total_training_steps),
+                    "tokens": dict(tokens),
+                    "pool": pool,
+                },
+            )
+        pad_id = tokens.get("pad_token_id")
+        pad_values = {} if pad_id is None else {"input_ids": pad_id, "responses": pad_id}
+        return RoleWorkers(
+            groups,
+            {role: pool for pool, p in plan.items() for role in p.roles},
+            pad_values=pad_values,
+            call_timeout_s=call_timeout_s,
+        )
+    except BaseException:
+        for group in groups.values():
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        raise

@@ -1,0 +1,212 @@
+"""The worker process: one per device of a resource pool, hosting the roles of that pool.
+
+It joins the pool's torch.distributed group (the engines of all its roles share it), discovers
+plugins itself (it is a separate process), builds the roles it is given and serves the driver's
+calls by role name. Roles of one pool are colocated: the actor's weights reach the rollout engine
+of the same process as an in-memory stream (:meth:`Worker.sync_weights`).
+
+The step decides which roles exist (:mod:`polyrl.step`); nothing here knows an algorithm.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from polyrl.errors import PolyrlError
+from polyrl.specs import resolve_object
+from polyrl.workers.mesh import DataParallelRank
+from polyrl.workers.roles import CORE_ROLES, Role, RoleContext
+
+
+class RoleError(PolyrlError):
+    """A role is unknown, not hosted by this worker, or cannot do what it was asked."""
+
+
+def resolve_role_class(role: str, role_classes: Mapping[str, type | str] | None = None) -> type:
+    """The class of ``role``: ``role_classes`` (an algorithm's ``AlgorithmSpec.role_classes``)
+    first, then core's ``actor``, ``ref`` and ``rollout``."""
+    role_classes = role_classes or {}
+    target = role_classes.get(role) or CORE_ROLES.get(role)
+    if target is None:
+        raise RoleError(
+            f"no class for the worker role {role!r}: core provides {sorted(CORE_ROLES)}; an "
+            f"algorithm that uses another role must name its class in AlgorithmSpec.role_classes"
+            f" (given: {sorted(role_classes)})"
+        )
+    cls = resolve_object(target)
+    if not (isinstance(cls, type) and issubclass(cls, Role)):
+        raise RoleError(
+            f"the class of worker role {role!r} ({target!r}) is not a subclass of "
+            f"polyrl.workers.roles.Role"
+        )
+    return cls
+
+
+class Worker:
+    """Serves one rank of a pool; every public method is called on all ranks at once."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        roles: Sequence[str],
+        role_classes: Mapping[str, type | str] | None = None,
+        *,
+        rank: int,
+        world_size: int,
+        model_path: str = "",
+        total_training_steps: int = 1,
+        tokens: dict[str, Any] | None = None,
+        pool: str = "global",
+        master_addr: str | None = None,
+        master_port: int | None = None,
+    ) -> None:
+        self.cfg = OmegaConf.create(cfg)
+        self.rank, self.world_size, self.pool = rank, world_size, pool
+        self.device = str(self.cfg.trainer.device)
+        if master_port is not None:
+            self._join_process_group(str(master_addr), int(master_port))
+        self.roles: dict[str, Role] = {}
+        for name in roles:
+            cls = resolve_role_class(name, role_classes)
+            ctx = RoleContext(
+                role=name,
+                cfg=self.cfg,
+                model_path=model_path,
+                rank=rank,
+                world_size=world_size,
+                device=self.device,
+                total_training_steps=total_training_steps,
+                tokens=dict(tokens or {}),
+            )
+            try:
+                self.roles[name] = cls(ctx)
+            except Exception as exc:
+                raise RoleError(
+                    f"building role {name!r} ({cls.__module__}.{cls.__qualname__}) in pool "
+                    f"{pool!r} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def _join_process_group(self, master_addr: str, master_port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+        )
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # Ray exposes exactly one GPU to this actor
+        else:
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        dist.init_process_group(
+            backend="nccl" if self.device == "cuda" else "gloo",
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=float(self.cfg.trainer.collective_timeout_s)),
+        )
+
+    def ready(self) -> int:
+        return self.rank
+
+    def _role(self, role: str) -> Role:
+        if role not in self.roles:
+            raise RoleError(
+                f"role {role!r} is not hosted by pool {self.pool!r} (it hosts {sorted(self.roles)})"
+            )
+        return self.roles[role]
+
+    # ---- driver calls ------------------------------------------------------------------------
+    def mesh(self, role: str) -> DataParallelRank:
+        """This worker's data-parallel position for ``role``."""
+        return self._role(role).data_parallel_rank()
+
+    def call(self, role: str, method: str, *args: Any) -> Any:
+        """``role.method(*args)``: any public method of the role."""
+        target = self._role(role)
+        function = None if method.startswith("_") else getattr(target, method, None)
+        if not callable(function):
+            public = sorted(
+                name
+                for name in dir(target)
+                if not name.startswith("_") and callable(getattr(target, name, None))
+            )
+            raise RoleError(
+                f"role {role!r} ({type(target).__name__}) has no method {method!r}; its methods: "
+                f"{public}"
+            )
+        return function(*args)
+
+    def sync_weights(self, source: str, target: str) -> dict[str, float]:
+        """Stream the full weights of ``source`` into ``target`` (both in this process, no
+        disk round trip); the bytes moved and the seconds it took."""
+        src, dst = self._role(source), self._role(target)
+        start = time.perf_counter()
+        moved = 0
+
+        def stream():
+            nonlocal moved
+            for name, tensor in src.named_weights():
+                moved += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        dst.update_weights(stream())
+        return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+
+    # ---- checkpoints, export, shutdown -------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Each role with a checkpoint writes ``directory/<role>``; the roles saved."""
+        saved = []
+        for name, role in self.roles.items():
+            if role.checkpointed:
+                role.save_checkpoint(os.path.join(directory, name))
+                saved.append(name)
+        return saved
+
+    def load_checkpoint(self, directory: str) -> list[str]:
+        """Restore each role with a checkpoint from ``directory/<role>``, then stream the
+        actor's weights into a colocated rollout; the roles loaded."""
+        loaded = []
+        for name, role in self.roles.items():
+            if not role.checkpointed:
+                continue
+            path = os.path.join(directory, name)
+            if not os.path.isdir(path):
+                raise RoleError(
+                    f"the checkpoint {directory} has no folder {name!r} for role {name!r} "
+                    f"(it has {sorted(os.listdir(directory)) if os.path.isdir(directory) else []})"
+                    f"; resume from a checkpoint written by a run with the same roles"
+                )
+            role.load_checkpoint(path)
+            loaded.append(name)
+        if "actor" in self.roles and "rollout" in self.roles:
+            self.sync_weights("actor", "rollout")
+        return loaded
+
+    def export_hf(self, directory: str, role: str = "actor") -> None:
+        """Write ``role``'s model as a Hugging Face folder (collective; rank 0 writes)."""
+        self.call(role, "export_hf", directory)
+
+    def shutdown(self) -> None:
+        """Shut every role down (last built first), then leave the process group."""
+        errors = []
+        for name in reversed(list(self.roles)):
+            try:
+                self.roles[name].shutdown()
+            except Exception as exc:  # noqa: BLE001 - every role gets its chance, then re-raise
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if errors:
+            raise RoleError(f"shutting roles down on rank {self.rank} failed: {errors}")

@@ -1,0 +1,155 @@
+"""The FSDP engine's own rules for a run config (``TrainingEngineSpec.config_check``).
+
+Light on purpose (no torch): ``polyrl validate`` imports it. :func:`node_problems` is shared with
+:func:`polyrl_engine_fsdp.config.resolve_settings`, which raises the same lines at run time for
+an engine built outside a validated run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyrl.config.checks import role_world
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+
+DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+LR_SCHEDULER_TYPES = ("constant", "cosine")
+
+
+def dtype_name(model: Any) -> str:
+    return str(model.dtype).lower().replace("torch.", "")
+
+
+def dtype_problem(model: Any) -> str | None:
+    name = dtype_name(model)
+    if name in DTYPES:
+        return None
+    return (
+        f"actor_rollout_ref.model.dtype={name!r} is not a dtype the FSDP engine knows; "
+        f"use one of bfloat16, float16, float32"
+    )
+
+
+def scheduler_type(optim: Any) -> str:
+    """``optim.lr_scheduler_type``, or verl's older ``warmup_style`` when that is set."""
+    return str(optim.warmup_style if optim.warmup_style is not None else optim.lr_scheduler_type)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def batch_problems(node: Any, prefix: str, keys: tuple[str, ...]) -> list[str]:
+    """``keys`` of ``node`` that are not positive integers."""
+    return [
+        f"{prefix}.{key} must be a positive integer, got {getattr(node, key)!r}"
+        for key in keys
+        if not _positive_int(getattr(node, key))
+    ]
+
+
+def optim_problems(optim: Any, prefix: str, *, core_checked: bool = False) -> list[str]:
+    """AdamW and the LR schedule. ``core_checked``: skip what ``polyrl validate`` checks for
+    every engine (lr, warm-up ratio, min_lr_ratio, the scheduler name)."""
+    problems = []
+    if not core_checked:
+        if float(optim.lr) < 0:
+            problems.append(f"{prefix}.optim.lr must be >= 0, got {optim.lr}")
+        if not 0.0 <= float(optim.lr_warmup_steps_ratio) <= 1.0:
+            problems.append(
+                f"{prefix}.optim.lr_warmup_steps_ratio must be in [0, 1], got "
+                f"{optim.lr_warmup_steps_ratio}"
+            )
+        if not 0.0 <= float(optim.min_lr_ratio) <= 1.0:
+            problems.append(
+                f"{prefix}.optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}"
+            )
+        style = scheduler_type(optim)
+        if style not in LR_SCHEDULER_TYPES:
+            key = "warmup_style" if optim.warmup_style is not None else "lr_scheduler_type"
+            problems.append(
+                f"{prefix}.optim.{key}={style!r} is unknown; use 'constant' or 'cosine'"
+            )
+    if len(list(optim.betas)) != 2:
+        problems.append(f"{prefix}.optim.betas must hold two numbers, got {list(optim.betas)}")
+    return problems
+
+
+def fsdp_size_problem(
+    fsdp: Any, prefix: str, world_size: int | None, where: str | None = None
+) -> str | None:
+    size = int(fsdp.fsdp_size)
+    if size <= 0 or world_size is None or size == world_size:
+        return None
+    detail = f" ({where})" if where else ""
+    return (
+        f"{prefix}.fsdp_config.fsdp_size={size} asks for hybrid sharding (HSDP), which "
+        f"the FSDP engine does not implement; leave it at -1 to shard over all "
+        f"{world_size} ranks{detail}"
+    )
+
+
+def offload_problem(fsdp: Any, prefix: str) -> str | None:
+    """FSDP2's CPU offload policy moves parameters, gradients and optimizer state together."""
+    if bool(fsdp.param_offload) == bool(fsdp.optimizer_offload):
+        return None
+    return (
+        f"{prefix}.fsdp_config.param_offload={bool(fsdp.param_offload)} and "
+        f".optimizer_offload={bool(fsdp.optimizer_offload)}: FSDP2 offloads parameters, "
+        f"gradients and the optimizer step to the CPU together, so either key turns all of it "
+        f"on; set both to the same value"
+    )
+
+
+def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) -> list[str]:
+    """Everything :func:`~polyrl_engine_fsdp.config.resolve_settings` refuses, for the engine
+    node ``engine`` of one role (its keys named under ``prefix``)."""
+    problems = [p for p in [dtype_problem(model)] if p]
+    problems += batch_problems(
+        engine,
+        prefix,
+        (
+            "ppo_micro_batch_size_per_gpu",
+            "log_prob_micro_batch_size_per_gpu",
+            "ppo_max_token_len_per_gpu",
+            "log_prob_max_token_len_per_gpu",
+        ),
+    )
+    problems += optim_problems(engine.optim, prefix)
+    size = fsdp_size_problem(engine.fsdp_config, prefix, world_size)
+    return [*problems, *([size] if size else [])]
+
+
+def check_config(cfg: Any) -> list[str]:
+    """The FSDP engine's rules for the composed run config (selected as the training engine).
+    Core's checks already cover the micro-batch arithmetic and the optimizer's ranges. The
+    reference's keys default to the actor's: a value it only inherits is reported once."""
+    arr = cfg.actor_rollout_ref
+    actor, ref = arr.actor, arr.ref
+    problems = [p for p in [dtype_problem(arr.model)] if p]
+    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+    problems += batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
+    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
+    problems += batch_problems(ref, REF, own)
+    problems += optim_problems(actor.optim, ACTOR, core_checked=True)
+    for role, prefix, node in (("actor", ACTOR, actor), ("ref", REF, ref)):
+        found = role_world(cfg, role)
+        inherited = node.fsdp_config.fsdp_size == actor.fsdp_config.fsdp_size
+        if role == "ref" and inherited and found == role_world(cfg, "actor"):
+            continue
+        if found is not None:
+            size = fsdp_size_problem(node.fsdp_config, prefix, found[0], found[1])
+            problems += [size] if size else []
+    offload = offload_problem(actor.fsdp_config, ACTOR)
+    return [*problems, *([offload] if offload else [])]
