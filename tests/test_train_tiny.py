@@ -108,7 +108,17 @@ def test_checkpoints_plot_and_export_are_written(learning_run: Path) -> None:
 
 
 def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> None:
-    steps = ("trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false")
+    """Off-policy updates (2 epochs x 2 shuffled mini-batches) make the driver's mini-batch plan,
+    the old log-prob pass and the per-step shuffle part of what must resume exactly."""
+    steps = (
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.shuffle=true",
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     polyrl_train(straight, "trainer.total_training_steps=4", *steps)
     polyrl_train(resumed, "trainer.total_training_steps=2", *steps)
@@ -124,3 +134,25 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
     assert [r["step"] for r in resumed_records] == [1, 2, 3, 4]
     for x, y in zip(straight_records[2:], resumed_records[2:]):
         assert x["critic/score/mean"] == y["critic/score/mean"]
+    assert all(r["actor/optimizer_steps"] == 4 for r in straight_records)
+
+
+def test_reference_on_its_own_pool_trains_like_the_colocated_one(tmp_path: Path) -> None:
+    """Placement is config: the reference role on a separate 1-worker pool gives the same run
+    (the same samples, rewards and KL) as the reference colocated with the actor."""
+    steps = (
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.export_hf_model=false",
+    )
+    colocated, split = tmp_path / "colocated", tmp_path / "split"
+    polyrl_train(colocated, *steps)
+    polyrl_train(
+        split, *steps, "trainer.role_pools.ref=refpool", "trainer.resource_pools.refpool=1"
+    )
+    for x, y in zip(read_records(colocated), read_records(split), strict=True):
+        assert x["critic/score/mean"] == y["critic/score/mean"]
+        assert x["actor/kl_loss"] == pytest.approx(y["actor/kl_loss"], abs=1e-6)
+        assert x["actor/pg_loss"] == pytest.approx(y["actor/pg_loss"], abs=1e-6)

@@ -142,6 +142,23 @@ def test_hook_yielding_the_wrong_spec_type_marks_the_plugin_broken() -> None:
     )
 
 
+def test_a_misspelled_hook_name_marks_the_plugin_broken_instead_of_registering_nothing() -> None:
+    module = types.ModuleType("typo_plugin")
+
+    @hookimpl
+    def polyrl_algorithm():  # the hook is polyrl_algorithms
+        return []
+
+    module.polyrl_algorithm = polyrl_algorithm
+    registry = _registry(
+        (module, "pkg-typo", "1"), (plugin_from_specs(_estimator("fine")), "pkg-ok", "1")
+    )
+    [broken] = registry.broken
+    assert broken.distribution == "pkg-typo"
+    assert "polyrl_algorithm" in broken.error and "unknown hook" in broken.error
+    assert registry.get(PluginKind.ADVANTAGE_ESTIMATOR, "fine")  # later plugins still load
+
+
 def test_hook_that_raises_marks_the_plugin_broken_and_keeps_others() -> None:
     module = types.ModuleType("raising_plugin")
 

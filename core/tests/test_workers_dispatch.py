@@ -5,7 +5,13 @@ import torch
 
 from polyrl.batch import Batch
 from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
-from polyrl.workers.mesh import DataParallelRank, MeshError, check_mesh, trivial_mesh
+from polyrl.workers.mesh import (
+    DataParallelRank,
+    MeshError,
+    check_mesh,
+    tensor_parallel_mesh,
+    trivial_mesh,
+)
 
 # 4 workers, tensor parallel 2: ranks 0,1 -> dp 0 (rank 0 returns); 2,3 -> dp 1 (rank 2 returns)
 TP2 = (
@@ -103,3 +109,21 @@ def test_dp_split_needs_a_batch_and_divisible_rows():
 def test_invalid_meshes_are_refused(mesh, message):
     with pytest.raises(MeshError, match=message):
         check_mesh(mesh, "actor")
+
+
+def test_tensor_parallel_groups_form_one_dp_rank_each():
+    mesh = tuple(tensor_parallel_mesh(rank, 4, 2) for rank in range(4))
+    assert mesh == (
+        DataParallelRank(0, 2, True),
+        DataParallelRank(0, 2, False),
+        DataParallelRank(1, 2, True),
+        DataParallelRank(1, 2, False),
+    )
+    assert check_mesh(mesh) == 2
+    rows = split_args(Dispatch.DP_SPLIT, mesh, (Batch({"x": torch.arange(4)}),))
+    assert [r[0]["x"].tolist() for r in rows] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+
+
+def test_a_model_parallel_size_that_does_not_divide_the_workers_is_refused():
+    with pytest.raises(MeshError, match="must divide the number of workers"):
+        tensor_parallel_mesh(0, 3, 2)

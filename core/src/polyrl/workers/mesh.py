@@ -36,6 +36,22 @@ def trivial_mesh(world_size: int) -> tuple[DataParallelRank, ...]:
     return tuple(DataParallelRank(rank, world_size, True) for rank in range(world_size))
 
 
+def tensor_parallel_mesh(rank: int, world_size: int, model_parallel: int) -> DataParallelRank:
+    """The position of ``rank`` when consecutive groups of ``model_parallel`` ranks hold the
+    shards of one model (tensor or pipeline parallelism): group ``rank // model_parallel`` is
+    one data-parallel rank, and its first member returns the output."""
+    if model_parallel < 1 or world_size % model_parallel:
+        raise MeshError(
+            f"{world_size} workers cannot form groups of {model_parallel} model-parallel ranks: "
+            f"the tensor/pipeline-parallel size must divide the number of workers"
+        )
+    return DataParallelRank(
+        dp_rank=rank // model_parallel,
+        dp_size=world_size // model_parallel,
+        returns_output=rank % model_parallel == 0,
+    )
+
+
 def check_mesh(mesh: Sequence[DataParallelRank], role: str = "") -> int:
     """The mesh's ``dp_size``, after checking that all workers agree on it, that every dp rank
     ``0 .. dp_size-1`` has at least one worker and exactly one worker returning its output."""

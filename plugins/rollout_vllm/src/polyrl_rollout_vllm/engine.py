@@ -34,6 +34,7 @@ import torch
 from polyrl.batch import Batch
 from polyrl.errors import DataError, PolyrlError
 from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
+from polyrl.workers.mesh import DataParallelRank, tensor_parallel_mesh
 from polyrl_rollout_vllm.config import build_engine_args
 from polyrl_rollout_vllm.errors import VLLMNotInstalledError
 from polyrl_rollout_vllm.layout import assemble_rollout, strip_left_padding
@@ -106,6 +107,13 @@ class VLLMRolloutEngine(RolloutEngine):
             ctx.device,
             self.engine_args["dtype"],
         )
+
+    def data_parallel_rank(self) -> DataParallelRank:
+        """With ``tensor_model_parallel_size=tp > 1`` (``external_launcher``), ranks
+        ``k*tp .. k*tp+tp-1`` hold the shards of one engine: they must receive the same prompts
+        (data-parallel rank ``k``) and only the first of them returns the samples."""
+        tp = int(self.engine_args["tensor_parallel_size"])
+        return tensor_parallel_mesh(int(self.ctx.rank), int(self.ctx.world_size), tp)
 
     def _check_in_process(self) -> None:
         executor = getattr(
