@@ -55,5 +55,5 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         "[KL in reward], advantages, actor update, weight sync) for estimators that no "
         "algorithm claims",
         pipeline="polyrl.step.policy_gradient:policy_gradient_pipeline",
-        roles=("actor", "rollout", "ref"),
+        roles=("actor", "rollout", "ref", "reward_model"),
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from polyrl.batch import Batch
     from polyrl.interfaces import RewardProvider
     from polyrl.workers.dispatch import Dispatch
 
@@ -31,9 +33,13 @@ class RoleCalls(Protocol):
 @dataclass
 class StepContext:
     """Handed to every :meth:`polyrl.step.Stage.run`. ``cfg`` is the composed, validated run
-    config (read-only: stages never change it)."""
+    config (read-only: stages never change it). ``next_prompts()`` draws the next batch of
+    ``data.train_batch_size`` prompts from the training data, beyond the one each step starts
+    with (a stage that filters groups and samples again, as DAPO's dynamic sampling does); the
+    draws are part of the loader's state, so a resumed run draws the same prompts."""
 
     cfg: Any
     workers: RoleCalls
     tokenizer: Any
     reward: RewardProvider
+    next_prompts: Callable[[], Batch]

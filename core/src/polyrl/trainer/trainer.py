@@ -130,7 +130,11 @@ class RLTrainer:
             },
         )
         self.context = StepContext(
-            cfg=cfg, workers=self.workers, tokenizer=self.tokenizer, reward=self.reward
+            cfg=cfg,
+            workers=self.workers,
+            tokenizer=self.tokenizer,
+            reward=self.reward,
+            next_prompts=self.loader.next_batch,
         )
 
     def _eos_token_ids(self) -> set[int]:

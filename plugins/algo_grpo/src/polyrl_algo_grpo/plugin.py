@@ -12,7 +12,7 @@ _ADV = "polyrl_algo_grpo.advantages"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
 # whole family; they differ in the estimator and, for Dr.GRPO, the loss aggregation.
 _STEP = "polyrl.step.policy_gradient:policy_gradient_pipeline"
-_ROLES = ("actor", "rollout", "ref")
+_ROLES = ("actor", "rollout", "ref", "reward_model")
 
 
 @hookimpl
