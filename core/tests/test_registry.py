@@ -364,3 +364,12 @@ class TestBuiltinNaiveReward(RewardProviderConformance):
     def expected_scores(self):
         # GSM8K rule: the number after "####" must equal the ground truth; otherwise 0.
         return [1.0, 0.0, 0.0]
+
+
+def test_a_name_from_a_package_filtered_out_by_polyrl_plugins_says_so(monkeypatch) -> None:
+    monkeypatch.setenv(registry_module.ONLY_PLUGINS_ENV, "no-such-package")
+    registry = registry_module.discover()
+    assert "polyrl-algo-grpo" in registry.filtered_out
+    message = registry._unknown_name_message(PluginKind.ADVANTAGE_ESTIMATOR, "grpo")
+    assert "Installed but not loaded because of POLYRL_PLUGINS" in message
+    assert "polyrl-algo-grpo" in message and "pip install" not in message

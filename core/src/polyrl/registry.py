@@ -112,6 +112,9 @@ class Registry:
             kind: defaultdict(list) for kind in PluginKind
         }
         self.broken: list[BrokenPlugin] = []
+        # Installed plugin packages that POLYRL_PLUGINS / POLYRL_DISABLE_PLUGIN_AUTOLOAD kept
+        # from loading: an unknown name they may provide must say so, not "install it".
+        self.filtered_out: list[str] = []
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
 
@@ -211,6 +214,13 @@ class Registry:
         if close:
             lines.append(f"Did you mean {close[0]!r}?")
         package = FIRST_PARTY_PACKAGES[kind].get(name)
+        if self.filtered_out and (package is None or package in self.filtered_out):
+            candidates = [package] if package else self.filtered_out
+            lines.append(
+                f"Installed but not loaded because of {ONLY_PLUGINS_ENV}/{DISABLE_AUTOLOAD_ENV}: "
+                f"{', '.join(candidates)}; add it to {ONLY_PLUGINS_ENV} or unset those variables"
+            )
+            return " ".join(lines)
         if package:
             broken = [b for b in self.broken if b.distribution == package]
             if broken:
@@ -253,12 +263,15 @@ def discover() -> Registry:
 
     registry = Registry()
     registry.add_plugin(builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, _core_version()))
-    if os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() in ("1", "true", "yes"):
-        return registry
+    autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() not in ("1", "true", "yes")
     seen: set[tuple[str, str]] = set()
     for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         distribution, version = _distribution_of(entry_point)
-        if (entry_point.name, distribution) in seen or not _selected(entry_point, distribution):
+        if not autoload or not _selected(entry_point, distribution):
+            if distribution not in registry.filtered_out:
+                registry.filtered_out.append(distribution)
+            continue
+        if (entry_point.name, distribution) in seen:
             continue
         seen.add((entry_point.name, distribution))
         provenance = Provenance(entry_point.name, distribution, version)

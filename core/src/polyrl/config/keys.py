@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import fields, is_dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,8 +49,20 @@ def normalize_overrides(overrides: list[str]) -> list[str]:
     """
     prefixes = tuple(p + "." for p in FREE_FORM_PREFIXES)
     return [
-        "++" + item if item.startswith(prefixes) and "=" in item else item for item in overrides
+        "++" + item if item.startswith(prefixes) and "=" in item else _as_list_value(item)
+        for item in overrides
     ]
+
+
+def _as_list_value(override: str) -> str:
+    """``trainer.logger=console`` -> ``trainer.logger=[console]``: verl accepts a scalar where a
+    list is declared, so a verl command line must work here too."""
+    key, sep, value = override.partition("=")
+    if not sep or value.startswith("[") or value in ("null", ""):
+        return override
+    if schema_types().get(key.lstrip("+~")) == "a list, e.g. [a,b]":
+        return f"{key}=[{value}]"
+    return override
 
 
 def check_override_keys(overrides: list[str]) -> None:
@@ -104,7 +116,40 @@ def hydra_error_to_config_error(exc: Exception) -> ConfigError:
             f"must be quoted, e.g. "
             f"'data.train_files=\"builtin:reasoning_gym/chain_sum?train_size=64\"'"
         )
+    cause = exc.__cause__
+    if type(cause).__name__ == "ValidationError":
+        return ConfigError(f"invalid config: {override_type_error(message, str(cause))}")
     return ConfigError(f"invalid config: {' '.join(message.split())}")
+
+
+def override_type_error(message: str, cause: str) -> str:
+    """OmegaConf's type error for an override as one line: the override, what was wrong with its
+    value, and the type the key takes (from the schema)."""
+    what = cause.splitlines()[0].strip()
+    override = message.removeprefix("Error merging override ").strip()
+    key = override.split("=", 1)[0].lstrip("+~")
+    expected = schema_types().get(key)
+    hint = f"; {key} takes {expected}" if expected else ""
+    return f"{override}: {what}{hint}"
+
+
+def schema_types(node: Any = PolyrlConfig, prefix: str = "") -> dict[str, str]:
+    """The declared type of every leaf key, written as a user would (``an integer``, ``a list,
+    e.g. [a,b]`` ...)."""
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    types: dict[str, str] = {}
+    hints = get_type_hints(node)
+    for f in fields(node):
+        key, hint = f"{prefix}{f.name}", hints[f.name]
+        if is_dataclass(hint):
+            types.update(schema_types(hint, key + "."))
+        elif get_origin(hint) is list:
+            types[key] = "a list, e.g. [a,b]"
+        elif get_origin(hint) is dict:
+            types[key] = "a mapping, e.g. {a: 1}"
+        elif hint in names:
+            types[key] = names[hint]
+    return types
 
 
 def plugin_settings(node: Any, name: str, config_class: type[_T]) -> _T:
