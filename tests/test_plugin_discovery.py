@@ -159,6 +159,13 @@ def test_broken_plugin_is_listed_with_its_error(site: Path) -> None:
     assert "fixture_broken from polyrl-fixture-broken 0.0.1: ModuleNotFoundError" in done.stdout
 
 
+def test_doctor_flags_the_broken_plugin(site: Path) -> None:
+    done = polyrl(site, "doctor")
+    assert done.returncode == 1, done.stdout + done.stderr
+    bad = [line for line in done.stdout.splitlines() if line.startswith("BAD")]
+    assert any("polyrl-fixture-broken" in line for line in bad), done.stdout
+
+
 def test_selecting_a_name_of_the_broken_plugin_shows_its_error(
     site: Path, data_and_model: list[str]
 ) -> None:

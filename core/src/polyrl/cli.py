@@ -151,6 +151,22 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passed, 1 when one found a problem."""
+    from polyrl.config import load_config
+    from polyrl.doctor import diagnose
+
+    output_dir = str(load_config(args.overrides).trainer.default_local_dir)
+    findings = diagnose(output_dir)
+    if args.json:
+        print(json.dumps([f.__dict__ for f in findings], indent=2))
+    else:
+        width = max(len(f.name) for f in findings)
+        for f in findings:
+            print(f"{'ok ' if f.ok else 'BAD'} {f.name:<{width}}  {f.value}")
+    return EXIT_OK if all(f.ok for f in findings) else EXIT_INVALID
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from polyrl.trainer.main import train_from_overrides
 
@@ -211,6 +227,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "doctor",
+        help="versions, plugin health, devices, Ray, free disk: the start of a bug report",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    p.set_defaults(func=cmd_doctor)
 
     _add_data_command(sub, load=_first_command(argv) == "data")
     return parser
