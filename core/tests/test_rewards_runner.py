@@ -120,6 +120,28 @@ def test_raise_and_hang_are_reported_scored_and_the_pool_recovers(user_file: Pat
     assert runner.worker_pids == []
 
 
+def test_a_function_that_hangs_on_everything_fails_the_rest_at_once(user_file: Path):
+    runner = RewardRunner(
+        ScorerRef(str(user_file), "flaky"),
+        num_workers=2,
+        timeout_s=0.5,
+        max_consecutive_timeouts=3,
+    )
+    try:
+        runner.score(_samples(["ok"]))  # workers started: not part of the timing
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="failed for 20 of 20 samples"):
+            results = runner.score(_samples(["hang"] * 20))
+        elapsed = time.monotonic() - start
+        # 3 timeouts on 2 workers: about 2 x 0.5 s, not 20 x 0.5 s / 2 workers
+        assert elapsed < 3.5, f"20 hanging samples took {elapsed:.1f}s"
+        assert sum(r.error == "timed out after 0.5s" for r in results) >= 3
+        skipped = [r for r in results if r.error and r.error.startswith("not scored")]
+        assert skipped and "seems to hang" in skipped[0].error
+    finally:
+        runner.close()
+
+
 def test_a_worker_that_dies_is_reported_and_replaced(user_file: Path):
     with RewardRunner(ScorerRef(str(user_file), "flaky"), num_workers=1, timeout_s=5) as runner:
         with pytest.warns(RuntimeWarning):

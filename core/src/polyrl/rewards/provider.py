@@ -38,6 +38,7 @@ class NaiveRewardProvider(RewardProvider):
             timeout_s=float(rm.timeout_s),
             failure_score=float(rm.failure_score),
             on_error=str(rm.on_error),
+            max_consecutive_timeouts=int(rm.max_consecutive_timeouts),
         )
 
     def score(self, samples: list[RewardSample]) -> list[RewardResult]:

@@ -84,6 +84,7 @@ class RewardRunner:
         timeout_s: float = 10.0,
         failure_score: float = 0.0,
         on_error: str = "score",
+        max_consecutive_timeouts: int = 4,
         start_method: str | None = None,
     ) -> None:
         if on_error not in ("score", "raise"):
@@ -98,6 +99,7 @@ class RewardRunner:
         self.timeout_s = float(timeout_s)
         self.failure_score = float(failure_score)
         self.on_error = on_error
+        self.max_consecutive_timeouts = int(max_consecutive_timeouts)
         self._fn = scorer.load() if self.num_workers == 0 else None
         self._ctx = multiprocessing.get_context(start_method or _default_start_method())
         self._workers: list[_Worker] = []
@@ -183,6 +185,7 @@ class RewardRunner:
         outcomes: list[tuple | None] = [None] * len(samples)
         todo = deque(range(len(samples)))
         ids: dict[int, int] = {}  # task id -> sample position
+        timeouts_in_a_row = 0
         while todo or any(w.task is not None for w in self._workers):
             for worker in list(self._workers):
                 if worker.ready and worker.task is None and todo:
@@ -197,14 +200,27 @@ class RewardRunner:
             timeout = None if nearest == float("inf") else max(0.0, nearest - now)
             ready = set(wait(waitables, timeout=timeout))
             for worker in busy:
-                if worker.conn in ready or worker.process.sentinel in ready:
-                    self._receive(worker, ids, outcomes)
+                if (worker.conn in ready or worker.process.sentinel in ready) and self._receive(
+                    worker, ids, outcomes
+                ):
+                    timeouts_in_a_row = 0
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.task is not None and now >= worker.task[1]:
                     position = worker.task[0]
                     outcomes[position] = ("err", _timeout_text(self.timeout_s))
                     self._replace(worker)
+                    timeouts_in_a_row += 1
+                    if timeouts_in_a_row >= self.max_consecutive_timeouts:
+                        # The function hangs on everything: fail the rest now, not one
+                        # timeout_s at a time.
+                        while todo:
+                            outcomes[todo.popleft()] = (
+                                "err",
+                                f"not scored: {timeouts_in_a_row} samples in a row "
+                                f"{_timeout_text(self.timeout_s)} (the reward function seems "
+                                f"to hang)",
+                            )
                 elif not worker.ready and now >= worker.started_at + STARTUP_TIMEOUT_S:
                     self._replace(worker)
                     raise RewardError(
@@ -239,7 +255,8 @@ class RewardRunner:
         deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else float("inf")
         worker.task = (position, deadline)
 
-    def _receive(self, worker: _Worker, ids: dict[int, int], outcomes: list[tuple | None]) -> None:
+    def _receive(self, worker: _Worker, ids: dict[int, int], outcomes: list[tuple | None]) -> bool:
+        """Handle one message of ``worker``; True when it was a sample's result."""
         try:
             if not worker.conn.poll():
                 raise EOFError
@@ -259,20 +276,21 @@ class RewardRunner:
                     f"the reward worker process died (exit code {code}) while scoring",
                 )
             self._replace(worker)
-            return
+            return False
         if message[0] == "ready":
             worker.ready = True
-        elif message[0] == "fatal":
+            return False
+        if message[0] == "fatal":
             self._replace(worker)
             raise RewardError(
                 f"a reward worker could not load {self.scorer.describe()}: {message[1]}"
             )
-        else:
-            task_id, result = message
-            position = ids.pop(task_id, None)
-            if position is not None:
-                outcomes[position] = result
-            worker.task = None
+        task_id, result = message
+        position = ids.pop(task_id, None)
+        if position is not None:
+            outcomes[position] = result
+        worker.task = None
+        return True
 
     # ---- results -------------------------------------------------------------------------------
     def _finish(self, samples: Sequence[RewardSample], outcomes: list[tuple]) -> list[RewardResult]:

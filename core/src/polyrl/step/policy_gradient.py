@@ -32,7 +32,7 @@ def policy_gradient_pipeline(cfg: Any) -> StepPipeline:
     kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
     stages: list[Stage] = [
         GenerateStage(cfg),
-        RewardStage(),
+        RewardStage(cfg),
         OldLogProbStage(needed_before_update=kl_in_reward),
     ]
     if kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss:

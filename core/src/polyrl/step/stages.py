@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polyrl.interfaces import RewardSample, SamplingParams
+from polyrl.interfaces import RewardResult, RewardSample, SamplingParams
 from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
 from polyrl.specs import PluginKind
 from polyrl.step.context import StepContext
 from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
 from polyrl.step.pipeline import Stage, StepState
+from polyrl.step.scoring_guard import ScoringFailureGuard
 from polyrl.workers.dispatch import Dispatch
 
 if TYPE_CHECKING:
@@ -61,6 +62,12 @@ def generate(ctx: StepContext, prompts: Batch, params: SamplingParams) -> Batch:
 
 def score_responses(ctx: StepContext, batch: Batch) -> tuple[Any, dict[str, float]]:
     """Decode, score, and place each score on the response's last token."""
+    scores, metrics, _ = score_batch(ctx, batch)
+    return scores, metrics
+
+
+def score_batch(ctx: StepContext, batch: Batch) -> tuple[Any, dict[str, float], list[RewardResult]]:
+    """:func:`score_responses`, plus the reward provider's result of every sample."""
     import torch
 
     responses, mask = batch["responses"], batch["response_mask"]
@@ -90,7 +97,7 @@ def score_responses(ctx: StepContext, batch: Batch) -> tuple[Any, dict[str, floa
         for key, value in result.extra.items():
             extras[key].append(float(value))
     metrics.update({f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extras.items()})
-    return scores, metrics
+    return scores, metrics, results
 
 
 class GenerateStage(Stage):
@@ -114,17 +121,29 @@ class GenerateStage(Stage):
 
 class RewardStage(Stage):
     """Scores on each response's last token; ``token_level_rewards`` starts equal to them
-    (later stages may shape it: a KL penalty, an overlong penalty)."""
+    (later stages may shape it: a KL penalty, an overlong penalty). A run whose samples keep
+    failing to score stops (:mod:`polyrl.step.scoring_guard`)."""
 
     name = "reward"
     requires = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
     provides = ("token_level_scores", "token_level_rewards")
 
+    def __init__(self, cfg: Any) -> None:
+        rm = cfg.reward_model
+        self.guard = ScoringFailureGuard(rm.max_failure_rate, rm.failure_window_steps)
+
     def run(self, state: StepState, ctx: StepContext) -> None:
-        scores, metrics = score_responses(ctx, state.batch)
+        scores, metrics, results = score_batch(ctx, state.batch)
         state.batch["token_level_scores"] = scores
         state.batch["token_level_rewards"] = scores.clone()
         state.metrics.update(metrics)
+        self.guard.record(state.step, results)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.guard.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.guard.load_state_dict(state)
 
 
 def update_plan(cfg: Any, num_rows: int, dp_size: int, step: int) -> MiniBatchPlan:

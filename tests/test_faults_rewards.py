@@ -1,0 +1,42 @@
+"""A run that learns nothing must not exit 0: rewards that always fail stop it with one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BROKEN_SCORERS = {
+    "raises": "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    raise ValueError('my scorer is broken')\n",
+    "nan": "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    return float('nan')\n",
+    "no_score_key": "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    return {'acc': 1.0}\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_SCORERS))
+def test_a_reward_that_always_fails_stops_the_run_with_its_error(kind: str, tmp_path: Path) -> None:
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(BROKEN_SCORERS[kind])
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
+         "trainer.val_before_train=false", "trainer.total_training_steps=10"],
+        capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: reward scoring failed for 64 of 64 samples over steps 1-2")
+    assert "most common error" in last
+    assert elapsed < 180
+    assert not (tmp_path / "run" / "global_step_10").exists()
