@@ -40,3 +40,32 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(kind: str, tmp_
     assert "most common error" in last
     assert elapsed < 180
     assert not (tmp_path / "run" / "global_step_10").exists()
+
+
+USER_FILES_THAT_END_OR_BLOCK = {
+    "sys_exit": ("import sys\nsys.exit(0)\n", "failed to import: SystemExit: 0"),
+    "os_exit": ("import os\nos._exit(0)\n", "ended the Python process while being imported"),
+    "blocks": ("import time\ntime.sleep(600)\n", "did not finish importing within 3 s"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(USER_FILES_THAT_END_OR_BLOCK))
+def test_a_reward_file_that_exits_or_blocks_at_import_is_one_line_naming_it(
+    kind: str, tmp_path: Path
+) -> None:
+    source, expected = USER_FILES_THAT_END_OR_BLOCK[kind]
+    scorer = tmp_path / f"{kind}.py"
+    scorer.write_text(source + "def compute_score(*args):\n    return 1.0\n")
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
+         "custom_reward_function.load_timeout_s=3"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: custom_reward_function.path='{scorer}'")
+    assert expected in last
+    assert time.monotonic() - start < 60
+    assert "Started a local Ray instance" not in done.stderr  # stopped before Ray

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,7 +44,7 @@ def load_custom_function(path: str | Path, name: str = "compute_score") -> Score
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit is not success: the file is broken
             raise ConfigError(
                 f"custom_reward_function.path={path!r} failed to import: "
                 f"{type(exc).__name__}: {exc}"
@@ -62,6 +63,54 @@ def load_custom_function(path: str | Path, name: str = "compute_score") -> Score
             "not a function"
         )
     return fn
+
+
+# Run in a fresh interpreter by check_custom_function: load the function, then say so.
+_CHECK_CODE = (
+    "import sys\n"
+    "from polyrl.errors import PolyrlError\n"
+    "from polyrl.rewards.custom import load_custom_function\n"
+    "try:\n"
+    "    load_custom_function(sys.argv[1], sys.argv[2])\n"
+    "except PolyrlError as exc:\n"
+    "    print(exc, file=sys.stderr)\n"
+    "    sys.exit(1)\n"
+    "print('polyrl-loaded-ok')\n"
+)
+
+
+def check_custom_function(path: str | Path, name: str, timeout_s: float) -> None:
+    """Load ``path`` in a separate Python process, within ``timeout_s``: a file that calls
+    ``sys.exit``/``os._exit``, blocks, or crashes the interpreter at import ends that process,
+    not the driver, and becomes one :class:`ConfigError` naming the file.
+
+    Why a process and not just the import here: user code runs at import, and the driver must not
+    be taken down or hung by it before it has even started the run.
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHECK_CODE, str(path), name],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"custom_reward_function.path={path!r} did not finish importing within "
+            f"{timeout_s:g} s: does it block or do heavy work at import? Move that into "
+            f"{name}() or a cached helper"
+        ) from None
+    if done.returncode == 0 and "polyrl-loaded-ok" in done.stdout:
+        return
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    if done.returncode == 1 and lines:
+        raise ConfigError(lines[-1])
+    raise ConfigError(
+        f"custom_reward_function.path={path!r} ended the Python process while being imported "
+        f"(exit code {done.returncode}) before {name}() could be found: remove the sys.exit / "
+        f"os._exit / crash at import from that file"
+    )
 
 
 def normalise_score(value: Any) -> tuple[float, dict[str, float]]:

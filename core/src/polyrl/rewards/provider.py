@@ -8,7 +8,7 @@ from typing import Any
 from polyrl.config.nodes import schema_node
 from polyrl.interfaces.reward import RewardContext, RewardProvider, RewardResult, RewardSample
 from polyrl.rewards._worker import ScorerRef
-from polyrl.rewards.custom import load_custom_function
+from polyrl.rewards.custom import check_custom_function
 from polyrl.rewards.runner import RewardRunner
 
 
@@ -28,9 +28,10 @@ class NaiveRewardProvider(RewardProvider):
         rm: Any = schema_node(ctx.reward_model, "reward_model")
         path, name = custom.path, str(custom.name)
         if path:
-            # Load once here so that a wrong path or name fails now, with a clear message,
-            # rather than inside every worker.
-            load_custom_function(path, name)
+            # Load once, in a throwaway process, so that a wrong path or name -- or a file that
+            # exits or hangs at import -- fails now with a clear message, rather than inside
+            # every worker or by taking the driver down.
+            check_custom_function(path, name, float(custom.load_timeout_s))
         scorer = ScorerRef(path=str(path) if path else None, name=name)
         self.runner = RewardRunner(
             scorer,

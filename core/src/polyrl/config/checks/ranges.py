@@ -111,6 +111,7 @@ def check_ranges(checker: Checker) -> None:
     c.number("reward_model.timeout_s", _positive, "> 0")
     c.number("reward_model.num_workers", at_least(1), ">= 1", integer=True)
     c.choice("reward_model.on_error", REWARD_ON_ERROR)
+    c.number("custom_reward_function.load_timeout_s", _positive, "> 0")
     c.number("reward_model.max_consecutive_timeouts", at_least(1), ">= 1", integer=True)
     c.number("reward_model.max_failure_rate", lambda v: 0 < v <= 1, "in (0, 1]")
     c.number("reward_model.failure_window_steps", at_least(1), ">= 1", integer=True)
