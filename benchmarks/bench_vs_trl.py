@@ -8,8 +8,9 @@ for the row's ``data_source``). Each side runs in its own process:
 * polyrl: ``python -m polyrl train`` (Ray, the FSDP2 engine and the HF rollout), per-step times
   read back from its ``metrics.jsonl`` (``timing_s/*``, ``perf/total_num_tokens``);
 * TRL: a child of this script started with the benchmark environment's Python (TRL is installed
-  there only, see ``benchmarks/README.md``); per-step times from a ``TrainerCallback``, the
-  generation phase timed around ``_generate_and_score_completions``.
+  there only, see ``benchmarks/README.md``): ``--trl-python PATH``, else ``$POLYRL_TRL_PYTHON``,
+  else this script's own Python when it can import ``trl``; per-step times from a
+  ``TrainerCallback``, the generation phase timed around ``_generate_and_score_completions``.
 
 The summary prints, for each side, the median wall time per step (the first ``--warmup`` steps
 left out), prompt+response tokens per second over the measured steps, the whole run's wall time,
@@ -20,8 +21,10 @@ commands behind the published figures.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_TRL_PYTHON = "/work/bench-venv/bin/python"
+TRL_PYTHON_ENV = "POLYRL_TRL_PYTHON"
 MODELS = {"tiny": "builtin:tiny", "smollm2": "builtin:smollm2-135m-instruct"}
 DATA = {
     "tiny": "builtin:tiny_digits",
@@ -112,6 +115,31 @@ def run_polyrl(args: argparse.Namespace, model: str, train: str, work: Path) -> 
 
 
 # ---- the TRL side -------------------------------------------------------------------------------
+def resolve_trl_python(given: str | None) -> str:
+    """The Python that runs the TRL side: ``--trl-python``, else ``$POLYRL_TRL_PYTHON``, else
+    this interpreter if it can import ``trl``. A clear error when none is found, or when the one
+    named is missing or cannot import ``trl``."""
+    source = "--trl-python" if given else f"${TRL_PYTHON_ENV}"
+    candidate = given or os.environ.get(TRL_PYTHON_ENV)
+    if not candidate:
+        if importlib.util.find_spec("trl") is not None:
+            return sys.executable
+        raise SystemExit(
+            "bench_vs_trl: the TRL side needs the Python of an environment where trl is "
+            f"installed: pass --trl-python PATH or set {TRL_PYTHON_ENV}=PATH (benchmarks/README.md "
+            "shows how to build that environment), run this script with that Python, or pass "
+            "--only polyrl"
+        )
+    path = shutil.which(candidate)
+    if path is None:
+        raise SystemExit(f"bench_vs_trl: {source}={candidate!r} is not an executable Python")
+    check = subprocess.run([path, "-c", "import trl"], capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"bench_vs_trl: {source}={candidate!r} cannot import trl: {last}")
+    return path
+
+
 def run_trl(args: argparse.Namespace, model: str, train: str, work: Path) -> dict:
     result = work / "trl.json"
     cmd = [
@@ -308,7 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", choices=("polyrl", "trl"), default=None)
     parser.add_argument("--polyrl-python", default=sys.executable)
-    parser.add_argument("--trl-python", default=DEFAULT_TRL_PYTHON)
+    parser.add_argument(
+        "--trl-python",
+        default=None,
+        help=f"Python of the environment with TRL (default: ${TRL_PYTHON_ENV}, else this Python "
+        "if it imports trl)",
+    )
     parser.add_argument("--work-dir", default=None, help="where logs and runs go (default: tmp)")
     parser.add_argument("--json", default=None, help="write the summary here")
     # the TRL child's own arguments
@@ -326,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     from polyrl.data.sources import resolve_data_files
     from polyrl.models.resolve import resolve_model_path
 
+    if args.only in (None, "trl"):  # fail before the polyrl side's minutes, not after
+        args.trl_python = resolve_trl_python(args.trl_python)
     if args.dtype is None:
         args.dtype = "fp32" if args.model == "tiny" else "bf16"
     model = resolve_model_path(MODELS.get(args.model, args.model))

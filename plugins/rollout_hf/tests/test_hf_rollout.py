@@ -7,8 +7,6 @@ model built from other weights gives what a weight update must produce.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -27,7 +25,7 @@ PROMPTS = ["What is 3 + 4?", "Hi", "The answer is"]
 def make_engine(path: str, *, micro_batch_size: int = 64, dtype: str = "float32"):
     ctx = RolloutContext(
         model_path=path,
-        config=SimpleNamespace(dtype=dtype, micro_batch_size=micro_batch_size),
+        config={"dtype": dtype, "micro_batch_size": micro_batch_size},
         device="cpu",
         rank=0,
         world_size=1,
@@ -273,7 +271,7 @@ class TestHFRolloutConformance(RolloutEngineConformance):
 def test_cuda_engine_matches_the_cpu_engine(tiny_dirs, engine, prompts):
     ctx = RolloutContext(
         model_path=tiny_dirs[0],
-        config=SimpleNamespace(dtype="float32", micro_batch_size=64),
+        config={"dtype": "float32", "micro_batch_size": 64},
         device="cuda",
         rank=0,
         world_size=1,

@@ -22,15 +22,30 @@ def is_greedy(greedy: bool, temperature: float) -> bool:
 def truncate_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Set to ``-inf`` the logits that top-k and then top-p (nucleus) exclude.
 
-    ``top_k <= 0`` or ``>= vocab`` and ``top_p >= 1`` switch the respective filter off. Top-p keeps
-    the smallest set of most likely tokens whose probability reaches ``top_p`` (at least one).
+    ``top_k <= 0`` or ``>= vocab`` and ``top_p >= 1`` switch the respective filter off. Top-k keeps
+    every logit >= the k-th largest (ties with it included). Top-p keeps the smallest set of most
+    likely tokens whose probability reaches ``top_p`` (at least one), in the order of a stable
+    descending sort (equal logits: the lower token id first).
+
+    With both filters on, top-p only has to order the top-k survivors, not the whole vocabulary
+    (:func:`_top_p_among_top_k`, the same kept set as :func:`reference_truncate_logits`; on an H200
+    this took one sampling step of 256 x 151,936 logits from 5.3 ms to about 1 ms).
     """
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab and top_p < 1.0:
+        return _top_p_among_top_k(scaled, top_k, top_p)
+    return reference_truncate_logits(scaled, top_k, top_p)
+
+
+def reference_truncate_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """:func:`truncate_logits` by its definition: top-k by threshold, top-p over a stable sort of
+    the whole vocabulary."""
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs
         drop_sorted = mass_before >= top_p
@@ -38,6 +53,33 @@ def truncate_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Ten
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
     return scaled
+
+
+def _top_p_among_top_k(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then top-p, sorting only the top-k survivors.
+
+    After top-k every other logit is ``-inf`` (probability 0): it sorts after the survivors and
+    changes neither their probabilities nor the mass before them, so top-p over the survivors in
+    stable descending order (value descending, then token id ascending) keeps exactly what top-p
+    over the whole sorted row keeps. The survivors can be more than ``top_k`` (ties with the k-th
+    value), so their largest count over the rows is read back to size the candidate set.
+    """
+    neg_inf = float("-inf")
+    kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+    survivors = scaled >= kth
+    count = int(survivors.sum(dim=-1).max())  # >= top_k; more only with ties at the k-th value
+    values, ids = torch.topk(scaled, count, dim=-1)  # every survivor, plus extras in short rows
+    ids, by_id = torch.sort(ids, dim=-1)  # token id ascending ...
+    values = values.gather(-1, by_id)
+    values = values.masked_fill(values < kth, neg_inf)
+    sorted_values, by_value = torch.sort(values, dim=-1, descending=True, stable=True)
+    ids = ids.gather(-1, by_value)  # ... then value descending: a stable sort's order
+    probs = torch.softmax(sorted_values, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep_sorted = (mass_before < top_p) & (sorted_values > neg_inf)
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(survivors).scatter(-1, ids, keep_sorted)
+    return scaled.masked_fill(~keep, neg_inf)
 
 
 def pick_tokens(
