@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from polyrl.errors import PolyrlError
+from polyrl.safe_load import SafeFileSystemReader, load_plain
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 TOKENIZER_FILES = (
@@ -51,9 +52,11 @@ class CheckpointError(PolyrlError):
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
+    """RNG states as tensors and plain data, so the file loads with ``weights_only=True``."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
         "python": random.getstate(),
     }
     if device.type == "cuda":
@@ -63,7 +66,8 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -105,7 +109,7 @@ def load_sharded(
             f"{path!r} holds no optimizer state (written by a non-trainable engine); "
             f"a trainable engine cannot resume from it"
         )
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, storage_reader=SafeFileSystemReader(path))
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
@@ -117,11 +121,11 @@ def load_sharded(
         extra_path = os.path.join(path, EXTRA_STATE.format(rank=0))
     if not os.path.isfile(extra_path):
         raise CheckpointError(f"{path!r} lacks {EXTRA_STATE.format(rank=0)} (incomplete save?)")
-    return torch.load(extra_path, weights_only=False)
+    return load_plain(extra_path)
 
 
 def _has_optimizer_state(path: str) -> bool:
-    metadata = dcp.FileSystemReader(path).read_metadata()
+    metadata = SafeFileSystemReader(path).read_metadata()
     return any(key.startswith("optim.") for key in metadata.state_dict_metadata)
 
 
