@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -121,8 +120,7 @@ def test_resume_modes(tmp_path):
     mgr = CheckpointManager(str(tmp_path / "run"))
     assert mgr.resolve_resume({"resume_mode": "auto"}) is None  # fresh start
     first, second = _save(mgr, 1), _save(mgr, 2)
-    cfg = SimpleNamespace(resume_mode="auto", resume_from_path=None)  # dataclass-like access
-    assert mgr.resolve_resume(cfg) == second
+    assert mgr.resolve_resume({"resume_mode": "auto", "resume_from_path": None}) == second
     assert mgr.resolve_resume({"resume_mode": "disable"}) is None
     picked = mgr.resolve_resume({"resume_mode": "resume_path", "resume_from_path": first})
     assert picked == first

@@ -113,13 +113,6 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _setting(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a dataclass, an OmegaConf node or a plain dict."""
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
 # ---- the manager -------------------------------------------------------------------------------
 class CheckpointManager:
     """Owns ``root_dir`` (``trainer.default_local_dir``): staging, commit, retention, lookup.
@@ -279,17 +272,20 @@ class CheckpointManager:
 
         ``auto``: the newest complete checkpoint under the root, or ``None`` (fresh start);
         ``disable``: ``None``; ``resume_path``: ``trainer.resume_from_path``, which must be a
-        complete ``global_step_<N>`` folder. ``trainer_cfg`` is the ``trainer`` section
-        (dataclass, OmegaConf node or dict).
+        complete ``global_step_<N>`` folder. ``trainer_cfg`` is the ``trainer`` section (a
+        partial dict is completed from the schema).
         """
-        mode = str(_setting(trainer_cfg, "resume_mode", "auto") or "auto")
+        from polyrl.config.nodes import schema_node
+
+        trainer_cfg = schema_node(trainer_cfg, "trainer")
+        mode = str(trainer_cfg.resume_mode)
         if mode == "disable":
             return None
         if mode == "auto":
             newest = self.latest()
             return newest[1] if newest else None
         if mode == "resume_path":
-            return self._check_resume_path(_setting(trainer_cfg, "resume_from_path"))
+            return self._check_resume_path(trainer_cfg.resume_from_path)
         raise ConfigError(
             f"trainer.resume_mode={mode!r} is not valid; use one of {', '.join(RESUME_MODES)}"
         )
