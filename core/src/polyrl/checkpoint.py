@@ -34,6 +34,7 @@ workers (the workers write into the staging folder the driver created).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -97,6 +98,16 @@ def is_complete(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, MARKER_FILE))
 
 
+def read_marker(path: str) -> dict[str, Any]:
+    """The commit marker of a checkpoint folder (empty when absent or unreadable)."""
+    try:
+        with open(os.path.join(path, MARKER_FILE), encoding="utf-8") as fh:
+            marker = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
 def read_latest_file(root_dir: str) -> int | None:
     """The step recorded in ``latest_checkpointed_iteration.txt`` (verl's tracker), if any."""
     try:
@@ -113,13 +124,85 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+# ---- one live run per folder --------------------------------------------------------------------
+LOCK_FILE = "polyrl.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+class RunLock:
+    """``<root>/polyrl.lock``: the pid and host of the run writing into ``root``.
+
+    A second run started into the folder of a live run would interleave checkpoints and
+    metrics with it; it is refused. A lock whose process is gone (same host) is stale and taken
+    over; one from another host cannot be checked from here, so it is refused with the command
+    to clear it.
+    """
+
+    def __init__(self, root_dir: str) -> None:
+        self.path = os.path.join(os.path.abspath(os.path.expanduser(root_dir)), LOCK_FILE)
+        self.held = False
+
+    def acquire(self) -> None:
+        import socket
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        for _attempt in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._refuse_or_clear_stale(record["host"])
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(record, fh)
+            self.held = True
+            return
+        raise ConfigError(f"could not take the run lock {self.path}: another run took it first")
+
+    def _refuse_or_clear_stale(self, host: str) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                owner = json.load(fh)
+            pid, owner_host = int(owner["pid"]), str(owner["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            owner, pid, owner_host = {}, -1, "?"
+        if owner_host == host and not _pid_alive(pid):
+            _log.warning("taking over the stale run lock of pid %s (no longer running)", pid)
+            os.unlink(self.path)
+            return
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(owner.get("started_at", 0)))
+        raise ConfigError(
+            f"another polyrl run (pid {pid} on host {owner_host}, since {since}) is writing into "
+            f"{os.path.dirname(self.path)}: wait for it or stop it, or set "
+            f"trainer.default_local_dir to another folder (if that run is gone, delete "
+            f"{self.path})"
+        )
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
 # ---- the manager -------------------------------------------------------------------------------
 class CheckpointManager:
     """Owns ``root_dir`` (``trainer.default_local_dir``): staging, commit, retention, lookup.
 
     ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``): keep at most this many complete
     checkpoints, deleting the oldest after each commit; ``None`` or a value ``<= 0`` keeps all
-    (as in verl).
+    (as in verl). Retention deletes only checkpoints of this run (its ``run_id`` is in each
+    marker; a resumed run continues the id of the checkpoint it resumed from), never another
+    run's or another tool's folders.
     """
 
     def __init__(self, root_dir: str, max_to_keep: int | None = None) -> None:
@@ -131,6 +214,12 @@ class CheckpointManager:
             )
         self.root_dir = os.path.abspath(os.path.expanduser(str(root_dir)))
         self.max_to_keep = max_to_keep if max_to_keep and max_to_keep > 0 else None
+        self.run_id = _random_tag()
+
+    def adopt_run(self, checkpoint: str) -> None:
+        """Continue the run that wrote ``checkpoint`` (after resuming from it): its older
+        checkpoints become this run's, for retention."""
+        self.run_id = str(read_marker(checkpoint).get("run_id") or self.run_id)
 
     # ---- writing ---------------------------------------------------------------------------
     def step_path(self, step: int) -> str:
@@ -165,7 +254,12 @@ class CheckpointManager:
                 f"{self.root_dir}; got {staging!r}"
             )
         _fsync_tree(staging)
-        marker = {"step": step, "polyrl_version": _polyrl_version(), "committed_at": time.time()}
+        marker = {
+            "step": step,
+            "run_id": self.run_id,
+            "polyrl_version": _polyrl_version(),
+            "committed_at": time.time(),
+        }
         marker_path = os.path.join(staging, MARKER_FILE)
         with open(marker_path, "w", encoding="utf-8") as fh:
             json.dump(marker, fh)
@@ -194,7 +288,11 @@ class CheckpointManager:
     def _apply_retention(self, keep: str) -> None:
         if self.max_to_keep is None:
             return
-        complete = self.complete_checkpoints()
+        complete = [
+            (step, path)
+            for step, path in self.complete_checkpoints()
+            if read_marker(path).get("run_id") == self.run_id
+        ]
         surplus = len(complete) - self.max_to_keep
         for _step, path in complete:
             if surplus <= 0:
@@ -283,12 +381,35 @@ class CheckpointManager:
             return None
         if mode == "auto":
             newest = self.latest()
+            if newest is None:
+                self._refuse_unreadable_checkpoints()
             return newest[1] if newest else None
         if mode == "resume_path":
             return self._check_resume_path(trainer_cfg.resume_from_path)
         raise ConfigError(
             f"trainer.resume_mode={mode!r} is not valid; use one of {', '.join(RESUME_MODES)}"
         )
+
+    def _refuse_unreadable_checkpoints(self) -> None:
+        """``auto`` found nothing to resume: make sure that is not because the folder holds
+        checkpoints polyrl cannot read (another tool's layout, folders without the marker),
+        which a fresh start would silently train past."""
+        if not os.path.isdir(self.root_dir):
+            return
+        foreign = sorted(
+            name
+            for name in os.listdir(self.root_dir)
+            if _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.root_dir, name))
+        )
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
+            raise ConfigError(
+                f"trainer.resume_mode=auto: {self.root_dir} holds {len(foreign)} checkpoint "
+                f"folder(s) polyrl cannot resume from ({shown}: no {MARKER_FILE} marker, so "
+                f"written by another tool or a save that never finished); they are left "
+                f"untouched. Train into another trainer.default_local_dir, or set "
+                f"trainer.resume_mode=disable to start fresh beside them"
+            )
 
     def _check_resume_path(self, given: Any) -> str:
         if not given:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -240,16 +241,55 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so that ``finally`` blocks stop the workers (a
+    BaseException: no ``except Exception`` on the way may swallow it)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _interruption(exc: BaseException) -> tuple[str, int] | None:
+    """``(signal name, exit status)`` when ``exc`` is, or was raised while handling, Ctrl-C or
+    SIGTERM (inside native code such as Ray's waits the signal surfaces wrapped in another
+    exception, with the interruption as its context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, Terminated):
+            return "SIGTERM", 143
+        if isinstance(current, KeyboardInterrupt):
+            return "Ctrl-C", 130
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``polyrl``; returns the exit status."""
+    """Run ``polyrl``; returns the exit status (130 after Ctrl-C, 143 after SIGTERM)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return int(args.func(args))
     except PolyrlError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
+    except BaseException as exc:
+        stop = _interruption(exc)
+        if stop is None:
+            raise
+        name, code = stop
+        print(
+            f"polyrl: stopped by {name}; workers shut down. Checkpoints written so far are "
+            f"complete: the same command resumes from the last one (trainer.resume_mode=auto)",
+            file=sys.stderr,
+        )
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -41,7 +42,14 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     if not os.environ.get("RAY_ADDRESS") and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     kwargs.update(extra or {})
+    # Ray's driver installs a native SIGTERM handler that dumps a stack and kills the process,
+    # skipping the controller's cleanup; put back the handlers this process had (the CLI turns
+    # SIGTERM into a clean stop that shuts the workers down).
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(**kwargs)
+    for sig, handler in handlers.items():
+        if callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN):
+            signal.signal(sig, handler)
 
 
 @ray.remote(num_cpus=0)

@@ -1,0 +1,58 @@
+"""Ctrl-C and SIGTERM stop a run cleanly: one line, exit 130/143, no traceback, the run folder's
+lock released, and the last complete checkpoint resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", "trainer.test_freq=-1",
+       "trainer.val_before_train=false", "trainer.save_freq=1"]  # fmt: skip
+
+
+def _records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGTERM, 143, "SIGTERM"),
+                                                   (signal.SIGINT, 130, "Ctrl-C")])  # fmt: skip
+def test_a_signal_mid_run_stops_cleanly_and_the_run_resumes(
+    sig: int, code: int, name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*RUN, f"trainer.default_local_dir={out}", "trainer.total_training_steps=500"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )  # fmt: skip
+    deadline = time.monotonic() + 400
+    while len(_records(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith(f"polyrl: stopped by {name};")
+    assert "Traceback" not in stderr
+    assert not (out / "polyrl.lock").exists()
+    done_steps = len(_records(out))
+    if sig != signal.SIGTERM:
+        return
+    steps = f"trainer.total_training_steps={done_steps + 1}"
+    again = subprocess.run(
+        [*RUN, f"trainer.default_local_dir={out}", steps],
+        capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr
