@@ -36,7 +36,10 @@ CORE_EXTRAS: dict[str, tuple[str, str]] = {
 
 #: Extras named after ``trainer.device`` that first-party packages declare; used when the package
 #: is not installed, so its metadata cannot be read (installed packages are asked directly).
-_DEVICE_EXTRAS: dict[str, tuple[str, ...]] = {"polyrl-rollout-vllm": ("cpu", "cuda")}
+_DEVICE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "polyrl-rollout-vllm": ("cpu", "cuda"),
+    "polyrl-rollout-sglang": ("cuda",),
+}
 
 
 # ---- modules and core's extras -----------------------------------------------------------------

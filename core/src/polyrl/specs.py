@@ -90,6 +90,8 @@ class TrainingEngineSpec(_Spec):
     """A training backend (FSDP2, Megatron, DeepSpeed ...).
 
     ``engine`` is a :class:`polyrl.interfaces.TrainingEngine` subclass or an import string to one.
+    ``supports_value_head``: it builds :attr:`polyrl.interfaces.training_engine.ModelHead.VALUE`
+    models (``compute_values``, ``train_value_step``), so it can run a PPO critic.
     """
 
     engine: type | str = ""
@@ -99,6 +101,7 @@ class TrainingEngineSpec(_Spec):
     supports_sequence_packing: bool = False
     supports_weight_sync: bool = True
     supports_checkpoint: bool = True
+    supports_value_head: bool = False
     config_class: type | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:
@@ -109,6 +112,7 @@ class TrainingEngineSpec(_Spec):
             "sequence_packing": self.supports_sequence_packing,
             "weight_sync": self.supports_weight_sync,
             "checkpoint": self.supports_checkpoint,
+            "value_head": self.supports_value_head,
         }
 
     def load(self) -> type:
@@ -230,10 +234,19 @@ class AlgorithmSpec(_Spec):
     algorithm (``algorithm.name`` picks one explicitly). ``roles`` are the worker roles its stages
     may use (``actor``, ``rollout``, ``ref``, ``critic``, ``reward_model`` ...);
     ``role_classes`` supplies the worker-side class (a :class:`polyrl.workers.roles.Role`
-    subclass or import string) of any role beyond core's ``actor``, ``ref`` and ``rollout``.
+    subclass or import string) of any role beyond core's ``actor``, ``ref``, ``rollout`` and
+    ``reward_model``.
     ``config_defaults`` maps dotted config keys to values merged when the config is composed:
     above the schema's defaults, below the recipe and the command line, and shown by
     ``polyrl config``.
+
+    ``data`` (optional; a callable or import string) is for an algorithm whose step does not
+    start from prompts (offline DPO trains on preference pairs):
+    ``data(cfg, tokenizer) -> polyrl.data.training.TrainingData`` builds the loader of the
+    batches each step starts from and the run's validation; it runs in the driver only. Its
+    pipeline then declares the keys of those batches for the chain check
+    (``StepPipeline(stages, initial_keys=...)``). None: verl-format prompt files
+    (``data.train_files``), validated by generation and reward.
     """
 
     pipeline: Callable[..., Any] | str = ""
@@ -242,6 +255,7 @@ class AlgorithmSpec(_Spec):
     role_classes: Mapping[str, type | str] = field(default_factory=dict)
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     config_class: type | str | None = None
+    data: Callable[..., Any] | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:
         flags: dict[str, Any] = {"roles": list(self.roles), "estimators": list(self.estimators)}
@@ -265,9 +279,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
 # must not send a user to `pip install` a package that is not on PyPI.
-UNRELEASED_PACKAGES = frozenset(
-    {"polyrl-engine-megatron", "polyrl-engine-deepspeed", "polyrl-rollout-sglang"}
-)
+UNRELEASED_PACKAGES = frozenset({"polyrl-engine-megatron", "polyrl-engine-deepspeed"})
 
 # Names of first-party plugins and the pip package that provides each: used in "unknown name"
 # errors so that a user who selects a backend they have not installed is told what to install.
@@ -288,13 +300,27 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "drgrpo": "polyrl-algo-grpo",
         "dr_grpo": "polyrl-algo-grpo",
         "rloo": "polyrl-algo-grpo",
+        "gae": "polyrl-algo-ppo",
+        "remax": "polyrl-algo-reinforce",
+        "reinforce_plus_plus": "polyrl-algo-reinforce",
+        "reinforce_plus_plus_baseline": "polyrl-algo-reinforce",
     },
-    PluginKind.POLICY_LOSS: {"gspo": "polyrl-algo-grpo"},
+    PluginKind.POLICY_LOSS: {
+        "gspo": "polyrl-algo-grpo",
+        "dpo": "polyrl-algo-dpo",
+        "ipo": "polyrl-algo-dpo",
+    },
     PluginKind.REWARD_PROVIDER: {},
     PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
     PluginKind.ALGORITHM: {
         "grpo": "polyrl-algo-grpo",
         "drgrpo": "polyrl-algo-grpo",
         "rloo": "polyrl-algo-grpo",
+        "dapo": "polyrl-algo-grpo",
+        "ppo": "polyrl-algo-ppo",
+        "remax": "polyrl-algo-reinforce",
+        "reinforce_plus_plus": "polyrl-algo-reinforce",
+        "reinforce_plus_plus_baseline": "polyrl-algo-reinforce",
+        "dpo": "polyrl-algo-dpo",
     },
 }

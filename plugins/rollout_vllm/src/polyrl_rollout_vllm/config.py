@@ -7,7 +7,7 @@ keys to vLLM's arguments is readable in one place:
 ``actor_rollout_ref.rollout.<key>``            ``vllm.LLM(...)`` argument
 =============================================  ============================================
 ``dtype``                                      ``dtype``
-``seed``                                       ``seed`` (+ 1_000_003 x rank)
+``seed``                                       ``seed`` (+ 1_000_003 x data-parallel rank)
 ``gpu_memory_utilization``                     ``gpu_memory_utilization`` (CUDA only, see below)
 ``tensor_model_parallel_size``                 ``tensor_parallel_size``
 ``enforce_eager``                              ``enforce_eager``
@@ -126,8 +126,9 @@ def build_engine_args(
         "model": model_path,
         "tokenizer": model_path,
         "dtype": dtype,
-        # Each rank its own default sampling stream (requests without a seed), as the hf rollout.
-        "seed": int(base_seed) + SEED_STRIDE * int(rank),
+        # Each data-parallel rank its own default sampling stream (requests without a seed), as
+        # the hf rollout; the tensor-parallel shards of one engine must share it.
+        "seed": int(base_seed) + SEED_STRIDE * (int(rank) // tp),
         "tensor_parallel_size": tp,
         "enforce_eager": bool(config.enforce_eager),
         # vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill.
