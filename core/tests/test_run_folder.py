@@ -81,3 +81,45 @@ def test_a_resumed_run_continues_the_retention_of_the_run_it_resumed(tmp_path: P
     _commit(resumed, 3)
     left = sorted(p.name for p in tmp_path.iterdir() if (p / MARKER_FILE).exists())
     assert left == ["global_step_2", "global_step_3"]
+
+
+def test_a_flipped_byte_is_named_and_auto_can_fall_back_to_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    mgr = CheckpointManager(str(tmp_path))
+    older, newest = _commit(mgr, 1), _commit(mgr, 2)
+    state = Path(newest, "trainer_state.json")
+    state.write_bytes(b"[]" + state.read_bytes()[2:])  # same size, different bytes
+    with pytest.raises(ConfigError, match=r"global_step_2: file trainer_state\.json is corrupt"):
+        mgr.resolve_resume({"resume_mode": "auto"})
+    picked = mgr.resolve_resume({"resume_mode": "auto", "resume_fallback": True})
+    assert picked == older
+    with pytest.raises(ConfigError, match="no older checkpoint is intact"):
+        Path(older, "trainer_state.json").write_text("{} ")
+        mgr.resolve_resume({"resume_mode": "auto", "resume_fallback": True})
+
+
+def test_an_explicit_resume_path_is_verified_too(tmp_path: Path) -> None:
+    mgr = CheckpointManager(str(tmp_path))
+    path = _commit(mgr, 1)
+    Path(path, "extra.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"file extra\.bin was added after the save"):
+        mgr.resolve_resume({"resume_mode": "resume_path", "resume_from_path": path})
+
+
+def test_config_changes_put_run_defining_ones_first_and_ignore_bookkeeping() -> None:
+    from polyrl.checkpoint import config_changes
+
+    saved = {
+        "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"optim": {"lr": 1e-6}}},
+        "trainer": {"total_training_steps": 10, "save_freq": 5},
+    }
+    current = {
+        "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"optim": {"lr": 2e-6}}},
+        "trainer": {"total_training_steps": 20, "save_freq": 1},
+    }
+    assert config_changes(saved, current) == [
+        "actor_rollout_ref.rollout.n: 4 -> 8 (run-defining)",
+        "actor_rollout_ref.actor.optim.lr: 1e-06 -> 2e-06",
+    ]
+    assert config_changes(saved, saved) == []

@@ -108,6 +108,43 @@ def read_marker(path: str) -> dict[str, Any]:
     return marker if isinstance(marker, dict) else {}
 
 
+def file_checksums(folder: str) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` (relative paths), the marker excepted."""
+    sums = {}
+    for directory, _dirs, files in os.walk(folder):
+        for name in sorted(files):
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, folder)
+            if relative == MARKER_FILE:
+                continue
+            digest = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            sums[relative] = digest.hexdigest()
+    return sums
+
+
+def verify_checkpoint(path: str) -> str | None:
+    """None when every file of the checkpoint matches the checksum written at save, else what
+    is wrong (one line naming the file and the step). Checkpoints written before checksums
+    existed pass unchecked."""
+    expected = read_marker(path).get("sha256")
+    if not isinstance(expected, dict):
+        return None
+    actual = file_checksums(path)
+    name = os.path.basename(path)
+    for relative, digest in sorted(expected.items()):
+        if relative not in actual:
+            return f"checkpoint {name}: file {relative} is missing"
+        if actual[relative] != digest:
+            return f"checkpoint {name}: file {relative} is corrupt (its checksum differs from save)"
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        return f"checkpoint {name}: file {extra[0]} was added after the save"
+    return None
+
+
 def read_latest_file(root_dir: str) -> int | None:
     """The step recorded in ``latest_checkpointed_iteration.txt`` (verl's tracker), if any."""
     try:
@@ -122,6 +159,55 @@ def config_hash(config: Mapping[str, Any]) -> str:
     ``trainer_state.json`` so a resume can tell whether the config changed."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# ---- what changed since the checkpoint -----------------------------------------------------------
+# Changing these mid-run makes the resumed run a different experiment: refused unless
+# trainer.resume_allow_changes=true.
+RUN_DEFINING_KEYS = (
+    "actor_rollout_ref.model.path",
+    "algorithm.name",
+    "algorithm.adv_estimator",
+    "actor_rollout_ref.rollout.n",
+    "data.train_batch_size",
+    "data.train_files",
+)
+# Expected to differ between the first run and its resumption: not reported.
+RESUME_NEUTRAL_PREFIXES = (
+    "trainer.total_training_steps",
+    "trainer.total_epochs",
+    "trainer.resume_",
+    "trainer.logger",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.val_before_train",
+    "trainer.experiment_name",
+    "trainer.project_name",
+    "trainer.default_local_dir",
+    "trainer.max_actor_ckpt_to_keep",
+)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, Mapping):
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: node}
+
+
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: old -> new`` for every setting that differs from the checkpoint's config, the
+    run-defining ones first (marked), resumption bookkeeping left out."""
+    before, after = _flatten(saved), _flatten(current)
+    changed = []
+    for key in sorted(set(before) | set(after)):
+        if key.startswith(RESUME_NEUTRAL_PREFIXES) or before.get(key) == after.get(key):
+            continue
+        line = f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
+        changed.append(f"{line} (run-defining)" if key in RUN_DEFINING_KEYS else line)
+    return sorted(changed, key=lambda line: not line.endswith("(run-defining)"))
 
 
 # ---- one live run per folder --------------------------------------------------------------------
@@ -259,6 +345,7 @@ class CheckpointManager:
             "run_id": self.run_id,
             "polyrl_version": _polyrl_version(),
             "committed_at": time.time(),
+            "sha256": file_checksums(staging),
         }
         marker_path = os.path.join(staging, MARKER_FILE)
         with open(marker_path, "w", encoding="utf-8") as fh:
@@ -383,12 +470,32 @@ class CheckpointManager:
             newest = self.latest()
             if newest is None:
                 self._refuse_unreadable_checkpoints()
-            return newest[1] if newest else None
+                return None
+            return self._verified(newest[1], fallback=bool(trainer_cfg.resume_fallback))
         if mode == "resume_path":
-            return self._check_resume_path(trainer_cfg.resume_from_path)
+            return self._verified(self._check_resume_path(trainer_cfg.resume_from_path), False)
         raise ConfigError(
             f"trainer.resume_mode={mode!r} is not valid; use one of {', '.join(RESUME_MODES)}"
         )
+
+    def _verified(self, path: str, fallback: bool) -> str:
+        """``path`` if its files match their checksums; with ``fallback`` the newest older
+        complete checkpoint that does, else an error naming the corrupt file."""
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        if fallback:
+            newer_than = step_of(path) or 0
+            for step, older in reversed(self.complete_checkpoints()):
+                if step < newer_than and verify_checkpoint(older) is None:
+                    _log.warning("%s; resuming from the older %s instead", problem, older)
+                    return older
+        hint = (
+            "no older checkpoint is intact"
+            if fallback
+            else "set trainer.resume_fallback=true to resume from the newest intact older one"
+        )
+        raise ConfigError(f"{problem}: resuming from it would not be exact; {hint}")
 
     def _refuse_unreadable_checkpoints(self) -> None:
         """``auto`` found nothing to resume: make sure that is not because the folder holds
