@@ -176,7 +176,10 @@ RUN_DEFINING_KEYS = (
 RESUME_NEUTRAL_PREFIXES = (
     "trainer.total_training_steps",
     "trainer.total_epochs",
-    "trainer.resume_",
+    "trainer.resume_mode",
+    "trainer.resume_from_path",
+    "trainer.resume_fallback",
+    "trainer.resume_allow_changes",
     "trainer.logger",
     "trainer.save_freq",
     "trainer.test_freq",
