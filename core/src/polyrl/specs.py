@@ -279,7 +279,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
 # must not send a user to `pip install` a package that is not on PyPI.
-UNRELEASED_PACKAGES = frozenset({"polyrl-engine-megatron", "polyrl-engine-deepspeed"})
+UNRELEASED_PACKAGES: frozenset[str] = frozenset()
 
 # Names of first-party plugins and the pip package that provides each: used in "unknown name"
 # errors so that a user who selects a backend they have not installed is told what to install.

@@ -47,3 +47,23 @@ class TestDrGrpoAlgorithmConformance(AlgorithmConformance):
 
 class TestRlooAlgorithmConformance(AlgorithmConformance):
     plugin_name = "rloo"
+
+
+class TestDapoAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "dapo"
+
+
+class TestDapoRecipeAlgorithmConformance(AlgorithmConformance):
+    """recipe=dapo: dynamic sampling around gen, reward and the overlong penalty."""
+
+    plugin_name = "dapo"
+
+    def overrides(self) -> list[str]:
+        return ["recipe=dapo"]
+
+
+class TestDapoWithoutFilteringAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "dapo"
+
+    def overrides(self) -> list[str]:
+        return ["recipe=dapo", "algorithm.filter_groups.enable=false", "data.gen_batch_size=8"]

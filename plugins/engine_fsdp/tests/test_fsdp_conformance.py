@@ -23,6 +23,7 @@ def _tiny_model() -> str:
 class TestFsdp2Conformance(TrainingEngineConformance):
     plugin_name = "fsdp2"
     vocab_size = VOCAB
+    check_value_head = True
 
     @pytest.fixture(autouse=True)
     def _own_process_group(self) -> Any:
@@ -37,12 +38,12 @@ class TestFsdp2Conformance(TrainingEngineConformance):
         if not existed and dist.is_initialized():
             dist.destroy_process_group()
 
-    def make_engine(self, tmp_path: Any) -> Any:
+    @staticmethod
+    def _context(role: str, head: Any) -> Any:
         from polyrl.interfaces import EngineContext
-        from polyrl_engine_fsdp.engine import FSDPEngine
 
-        ctx = EngineContext(
-            role="actor",
+        return EngineContext(
+            role=role,
             model_path=_tiny_model(),
             model={"dtype": "bfloat16", "enable_gradient_checkpointing": True},
             engine={
@@ -55,8 +56,20 @@ class TestFsdp2Conformance(TrainingEngineConformance):
             world_size=1,
             seed=3,
             total_training_steps=4,
+            head=head,
         )
-        return FSDPEngine(ctx)
+
+    def make_engine(self, tmp_path: Any) -> Any:
+        from polyrl.interfaces.training_engine import ModelHead
+        from polyrl_engine_fsdp.engine import FSDPEngine
+
+        return FSDPEngine(self._context("actor", ModelHead.CAUSAL_LM))
+
+    def make_value_engine(self, tmp_path: Any) -> Any:
+        from polyrl.interfaces.training_engine import ModelHead
+        from polyrl_engine_fsdp.engine import FSDPEngine
+
+        return FSDPEngine(self._context("critic", ModelHead.VALUE))
 
     def test_non_finite_grad_norm_skips_the_update(self, engine: Any) -> None:
         """A NaN loss gives a NaN grad norm: weights stay, the step is reported as skipped, the

@@ -18,7 +18,6 @@ FREE_FORM_PREFIXES = (
     "plugins",
     "actor_rollout_ref.rollout.engine_kwargs",
     "actor_rollout_ref.model.override_config",
-    "critic.model",
     "trainer.ray_init",
     "trainer.role_pools",
     "trainer.resource_pools",

@@ -27,20 +27,7 @@ VERL_COMPAT_KEYS: tuple[str, ...] = (
     # verl's switch for padding-free (rmpad) forward passes; polyrl's engines always trim padding
     # columns (FSDP) or generate without padding (vLLM), so there is nothing to switch.
     "actor_rollout_ref.model.use_remove_padding",
-    # Discount and GAE lambda. No estimator shipped with polyrl uses them (GRPO, Dr.GRPO and RLOO
-    # score whole responses); an estimator plugin receives the whole ``algorithm`` node and may.
-    "algorithm.gamma",
-    "algorithm.lam",
-    # verl's critic (value model) settings. No algorithm has a critic role yet: these keys parse
-    # so that verl PPO command lines reach the real message (``polyrl validate`` refuses
-    # critic.enable=true and names the algorithm that would need a critic).
-    "critic.strategy",
-    "critic.ppo_mini_batch_size",
-    "critic.ppo_micro_batch_size_per_gpu",
-    "critic.ppo_epochs",
-    "critic.cliprange_value",
-    "critic.optim",
-    "critic.model",
+    "critic.model.use_remove_padding",
 )
 
 
@@ -50,6 +37,20 @@ class KLControlConfig:
     kl_coef: float = 0.001
     horizon: int = 10000
     target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (read by the dapo algorithm): drop the groups whose ``metric`` is
+    the same for every sample, and generate more until data.train_batch_size groups are kept."""
+
+    enable: bool = False
+    # score (the reward's score) | seq_reward (sum of token_level_scores) | seq_final_reward (sum
+    # of token_level_rewards) | any named extra the reward returns per sample, e.g. acc
+    metric: str = "score"
+    max_num_gen_batches: int = 0  # generation rounds per step; <= 0: no limit
+    # true: at max_num_gen_batches, train on the groups kept so far instead of stopping the run
+    train_partial_batch: bool = False
 
 
 @dataclass
@@ -64,6 +65,7 @@ class AlgorithmConfig:
     # kl (k1) | abs | mse (k2) | low_var_kl (k3), each also with "+" (k2's gradient): k3+
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -75,6 +77,8 @@ class DataConfig:
     max_prompt_length: int = 512
     max_response_length: int = 256
     train_batch_size: int = 8
+    # prompts drawn per generation round of dynamic sampling (algorithm.filter_groups)
+    gen_batch_size: int = "${data.train_batch_size}"  # type: ignore[assignment]
     val_batch_size: Any = None  # None: the whole val set at once
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right (when not filtering)
@@ -119,6 +123,15 @@ class FSDPConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """verl's ``megatron`` group of the actor (read by polyrl-engine-megatron): how the model is
+    split over the workers of its pool. The data-parallel size is the rest: workers / (TP x PP)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+
+
+@dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"
 
@@ -152,6 +165,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 def _follow_actor_fsdp() -> FSDPConfig:
@@ -206,6 +220,9 @@ class RolloutConfig:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
+    # verl 0.5-0.6's key: the most bytes of weights one request of a weight sync carries, for
+    # engines that load the trainer's stream in buckets (sglang)
+    update_weights_bucket_megabytes: int = 512
     dtype: str = "bfloat16"
     seed: int = 0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -221,34 +238,95 @@ class ActorRolloutRefConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    """The critic's value model: a fresh one-scalar head on a causal-LM backbone."""
+
+    # null: the actor's model (actor_rollout_ref.model.path); else any form that key accepts
+    path: Any = None
+    enable_gradient_checkpointing: bool = "${actor_rollout_ref.model.enable_gradient_checkpointing}"  # type: ignore[assignment]
+    use_remove_padding: bool = True  # in VERL_COMPAT_KEYS: accepted and ignored
+    fsdp_config: FSDPConfig = field(default_factory=_follow_actor_fsdp)
+
+
+def _critic_optim() -> OptimConfig:
+    """verl's critic learning rate; the clip follows critic.grad_clip, verl's key for it."""
+    return OptimConfig(lr=1e-5, clip_grad="${critic.grad_clip}")  # type: ignore[arg-type]
+
+
+@dataclass
 class CriticConfig:
-    # true: train a value model; refused unless the selected algorithm's step has a critic role.
-    # The other keys are in VERL_COMPAT_KEYS.
+    """PPO's value model, with verl's keys and defaults; unset batch keys follow the actor's."""
+
+    # null: on exactly when the selected algorithm trains a critic (adv_estimator=gae), as in
+    # verl; true: refused when it does not; false: refused when it does (GAE needs the values)
+    enable: Any = None
+    strategy: str = "${actor_rollout_ref.actor.strategy}"  # a training engine with a value head
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    ppo_micro_batch_size_per_gpu: int = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    forward_micro_batch_size_per_gpu: int = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    ppo_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
+    cliprange_value: float = 0.5  # new values stay within this distance of the old ones
+    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=_critic_optim)
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (read by the dapo algorithm): a response longer than
+    data.max_response_length - len loses up to penalty_factor, linearly over the last len
+    tokens."""
+
     enable: bool = False
-    strategy: str = "fsdp2"
-    ppo_mini_batch_size: int = 8
-    ppo_micro_batch_size_per_gpu: int = 4
-    ppo_epochs: int = 1
-    cliprange_value: float = 0.5
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    model: dict[str, Any] = field(default_factory=dict)
+    len: int = 0  # tokens; must be 1 .. data.max_response_length when enabled
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class RewardModelModelConfig:
+    """The reward model: a sequence-classification model (``AutoModelForSequenceClassification``,
+    one label) that reads the policy's tokens, so it must share the policy's tokenizer."""
+
+    path: Any = None  # a local folder or hub id; required with reward_model.enable
+    trust_remote_code: bool = False
 
 
 @dataclass
 class RewardModelConfig:
-    # true: score with a model; refused unless the selected algorithm's step has that role
+    # true: score every response with the reward model (the reward_model stage after reward);
+    # refused when the selected algorithm's step has no reward_model role
     enable: bool = False
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size_per_gpu: int = 16  # rows per forward pass of the reward model
+    # replace: the model's score is the reward (verl's rule) | sum: rule-based score + model score
+    combine: str = "replace"
     reward_manager: str = "naive"
     num_workers: int = 2
     timeout_s: float = 10.0
     failure_score: float = 0.0
     on_error: str = "score"  # score: use failure_score and report | raise: stop the run
+    # A hung scorer must not cost minutes per step: after this many timeouts in a row, the rest of
+    # the step's samples are failed at once.
+    max_consecutive_timeouts: int = 4
+    # A run that learns nothing must not "succeed": it stops once the share of samples that failed
+    # to score over the last failure_window_steps steps reaches max_failure_rate.
+    max_failure_rate: float = 1.0
+    failure_window_steps: int = 2
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
 class CustomRewardFunctionConfig:
     path: Any = None
     name: str = "compute_score"
+    # The file is imported once in a throwaway process before the run: an import that takes
+    # longer (blocks, downloads, trains) is an error naming the file.
+    load_timeout_s: float = 60.0
 
 
 @dataclass
@@ -261,11 +339,21 @@ class TrainerConfig:
     device: str = "cpu"  # cpu | cuda
     total_epochs: int = 1
     total_training_steps: Any = None  # None: epochs x batches per epoch
+    # With a critic: the actor (and the rollout's weights) update from step critic_warmup on, so
+    # steps 1 .. critic_warmup - 1 train only the critic (verl's rule; 0 and 1: no warm-up)
+    critic_warmup: int = 0
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: Any = None
+    # A checkpoint whose files fail their checksums: false stops with the file named; true
+    # resumes from the newest older checkpoint that is intact.
+    resume_fallback: bool = False
+    # Resuming with a different model, algorithm, rollout.n, batch or data is refused (the result
+    # would not be the run the checkpoint belongs to) unless this is true; other changes are
+    # reported.
+    resume_allow_changes: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Any = None
     export_hf_model: bool = True

@@ -67,23 +67,32 @@ class PromptLoader:
             self._order_epoch = epoch
         return self._order
 
-    def next_indices(self) -> list[int]:
-        """Dataset positions of the next batch (advances the loader)."""
+    def next_indices(self, count: int | None = None) -> list[int]:
+        """Dataset positions of the next ``count`` prompts (default: ``batch_size``), advancing
+        the loader. Dynamic sampling draws batches of another size (``data.gen_batch_size``)
+        from the same stream, so a resumed run still sees the same prompts."""
         size = len(self.dataset)
+        count = self.batch_size if count is None else int(count)
+        if not 1 <= count <= size:
+            raise DataError(
+                f"cannot draw {count} prompts from a dataset of {size}: ask for 1 to {size} "
+                "(data.gen_batch_size and data.train_batch_size must fit the dataset)"
+            )
         remaining = size - self.position
-        if remaining <= 0 or (self.drop_last and remaining < self.batch_size):
+        if remaining <= 0 or (self.drop_last and remaining < count):
             self.epoch += 1
             self.position = 0
         order = self.order(self.epoch)
-        chosen = order[self.position : self.position + self.batch_size]
+        chosen = order[self.position : self.position + count]
         self.position += len(chosen)
         return [int(i) for i in chosen]
 
-    def next_batch(self) -> Any:
-        """The next batch as a :class:`polyrl.batch.Batch` (see ``polyrl.data.dataset.collate``)."""
+    def next_batch(self, count: int | None = None) -> Any:
+        """The next ``count`` prompts (default: ``batch_size``) as a :class:`polyrl.batch.Batch`
+        (see ``polyrl.data.dataset.collate``)."""
         from polyrl.data.dataset import collate
 
-        items = [self.dataset[i] for i in self.next_indices()]
+        items = [self.dataset[i] for i in self.next_indices(count)]
         return collate(items, self.dataset.pad_token_id)
 
     # ---- resume ---------------------------------------------------------------------------------

@@ -8,6 +8,13 @@ calls them on every worker at once, each data-parallel rank with its shard of th
 Batch layout (a :class:`polyrl.batch.Batch`): ``input_ids[B, P+R]`` = left-padded prompt followed
 by right-padded response, ``attention_mask[B, P+R]``, ``position_ids[B, P+R]``,
 ``responses[B, R]``, ``response_mask[B, R]``. Log-probs are of the ``R`` response tokens.
+
+Two heads: a causal LM (actor, reference: :meth:`TrainingEngine.compute_log_prob`,
+:meth:`TrainingEngine.train_step`) or a value model, one scalar per token on the same backbone
+(a PPO critic: :meth:`TrainingEngine.compute_values`, :meth:`TrainingEngine.train_value_step`).
+:attr:`EngineContext.head` says which to build. The value methods are optional: an engine that
+implements them sets ``supports_value_head`` on its :class:`polyrl.specs.TrainingEngineSpec`, and
+``polyrl validate`` refuses a critic on an engine without it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from polyrl.workers.mesh import DataParallelRank
@@ -25,14 +33,25 @@ if TYPE_CHECKING:
     from polyrl.batch import Batch
 
 
+class ModelHead(str, Enum):
+    """What the engine puts on top of the backbone loaded from ``model_path``."""
+
+    CAUSAL_LM = "causal_lm"  # next-token logits: log-probs of the responses (actor, reference)
+    VALUE = "value"  # one scalar per token, a fresh head on the checkpoint's backbone (critic)
+
+
 @dataclass
 class EngineContext:
     """What a training engine is built from.
 
-    ``model`` is the ``actor_rollout_ref.model`` config node; ``engine`` the node of the role
-    (``actor_rollout_ref.actor`` for the actor and the reference, ``critic`` for a critic):
-    strategy, ``optim``, micro-batch sizes, ``fsdp_config`` ... ``model_path`` is a local
-    Hugging Face folder (polyrl converts GGUF files and resolves hub ids before this point).
+    ``model`` is the ``actor_rollout_ref.model`` config node; ``engine`` the engine node of the
+    role, always shaped like ``actor_rollout_ref.actor`` (strategy, ``optim``, micro-batch sizes,
+    ``fsdp_config`` ...): the actor's own, the reference's merged over it, and for a critic the
+    actor's with the ``critic.*`` settings merged over it (see the critic role), so an engine
+    reads one layout whatever the role. ``model_path`` is a local Hugging Face folder (polyrl
+    converts GGUF files and resolves hub ids before this point); ``head`` what to build on it
+    (a value head is initialised fresh, the backbone from the checkpoint, whatever head the
+    checkpoint had).
     """
 
     role: str
@@ -45,6 +64,7 @@ class EngineContext:
     seed: int = 0
     total_training_steps: int = 1
     trainable: bool = True
+    head: ModelHead = ModelHead.CAUSAL_LM
 
 
 class MicroBatchLossFn(Protocol):
@@ -56,6 +76,15 @@ class MicroBatchLossFn(Protocol):
 
     def __call__(
         self, micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class MicroBatchValueLossFn(Protocol):
+    """``(loss, metrics) = loss_fn(micro_batch, values[b, R])``: a value head's micro-batch loss,
+    scaled like :class:`MicroBatchLossFn`'s; ``values`` carry the gradient."""
+
+    def __call__(
+        self, micro_batch: Batch, values: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
@@ -94,6 +123,20 @@ class TrainingEngine(ABC):
         schedule. Returns averaged ``loss_fn`` metrics plus ``actor/grad_norm`` (before clipping)
         and ``actor/lr``, verl's metric names."""
 
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Values ``[B, R]`` of a :attr:`ModelHead.VALUE` engine (no grad), zero on padding. The
+        value of response token ``t`` is the head's output at the position that predicts it (the
+        last prompt token for ``t = 0``), as for log-probs: the state in which ``t`` is chosen."""
+        raise _no_value_head(self)
+
+    def train_value_step(
+        self, mini_batch: Batch, loss_fn: MicroBatchValueLossFn
+    ) -> dict[str, float]:
+        """One optimizer step of a :attr:`ModelHead.VALUE` engine, as :meth:`train_step` but with
+        the values (with grad) handed to ``loss_fn``. Returns the averaged ``loss_fn`` metrics
+        plus ``critic/grad_norm`` (before clipping) and ``critic/lr``, verl's names."""
+        raise _no_value_head(self)
+
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Stream the full (unsharded) weights as ``(hf_name, tensor)`` pairs, one at a time, for
@@ -111,3 +154,10 @@ class TrainingEngine(ABC):
     def export_hf(self, path: str) -> None:
         """Write the model as a Hugging Face folder ``transformers`` can load (collective; rank 0
         writes)."""
+
+
+def _no_value_head(engine: TrainingEngine) -> NotImplementedError:
+    return NotImplementedError(
+        f"{type(engine).__name__} has no value head; a critic needs an engine whose spec sets "
+        f"supports_value_head"
+    )

@@ -33,13 +33,14 @@ class RoleCalls(Protocol):
 @dataclass
 class StepContext:
     """Handed to every :meth:`polyrl.step.Stage.run`. ``cfg`` is the composed, validated run
-    config (read-only: stages never change it). ``next_prompts()`` draws the next batch of
-    ``data.train_batch_size`` prompts from the training data, beyond the one each step starts
-    with (a stage that filters groups and samples again, as DAPO's dynamic sampling does); the
-    draws are part of the loader's state, so a resumed run draws the same prompts."""
+    config (read-only: stages never change it). ``next_prompts(count=None)`` draws the next
+    ``count`` prompts (default ``data.train_batch_size``) from the training data, beyond the
+    batch each step starts with (a stage that filters groups and samples again, as DAPO's
+    dynamic sampling does with ``data.gen_batch_size`` prompts per round); the draws are part of
+    the loader's state, so a resumed run draws the same prompts."""
 
     cfg: Any
     workers: RoleCalls
     tokenizer: Any
     reward: RewardProvider
-    next_prompts: Callable[[], Batch]
+    next_prompts: Callable[..., Batch]

@@ -598,6 +598,10 @@ class TrainingEngineConformance(_PluginConformance):
 
     Subclasses implement ``make_engine(self, tmp_path)`` (one rank; initialise
     ``torch.distributed`` there if the engine needs it) and set ``vocab_size``.
+
+    An engine whose spec sets ``supports_value_head`` (it can run a PPO critic) also sets
+    ``check_value_head = True`` and implements ``make_value_engine(self, tmp_path)``: the same
+    tiny model built with ``EngineContext(head=ModelHead.VALUE, trainable=True)``.
     """
 
     kind = PluginKind.TRAINING_ENGINE
@@ -605,9 +609,13 @@ class TrainingEngineConformance(_PluginConformance):
     prompt_length: ClassVar[int] = 4
     response_length: ClassVar[int] = 4
     batch_rows: ClassVar[int] = 2
+    check_value_head: ClassVar[bool] = False
 
     def make_engine(self, tmp_path: Any) -> Any:
         raise TypeError(f"{type(self).__name__} must define make_engine(self, tmp_path)")
+
+    def make_value_engine(self, tmp_path: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} must define make_value_engine(self, tmp_path)")
 
     def make_batch(self) -> Any:
         """Left-padded prompts followed by right-padded responses (the engine batch layout)."""
@@ -708,6 +716,93 @@ class TrainingEngineConformance(_PluginConformance):
         target = tmp_path / "hf"
         engine.export_hf(str(target))
         assert (target / "config.json").is_file(), "export_hf must write a Hugging Face folder"
+
+    # ---- value head (a critic), for engines whose spec sets supports_value_head ---------------
+    @pytest.fixture
+    def value_engine(self, tmp_path: Any) -> Any:
+        if not self.check_value_head:
+            pytest.skip("check_value_head = False: the engine has no value head")
+        if not self.vocab_size:
+            pytest.fail(f"{type(self).__name__} must set vocab_size")
+        return self.make_value_engine(tmp_path)
+
+    @staticmethod
+    def value_target_loss_fn(batch: Any, target: float) -> Any:
+        """Mean squared distance of the values to ``target`` over the real response tokens,
+        scaled per mini-batch (the role of a critic's value loss)."""
+        total = batch["response_mask"].sum().clamp(min=1)
+
+        def loss_fn(micro_batch: Any, values: Any) -> Any:
+            mask = micro_batch["response_mask"].to(values.dtype)
+            loss = (((values - target) ** 2) * mask).sum() / total.to(values.device)
+            return loss, {"fit": float(loss.detach())}
+
+        return loss_fn
+
+    def test_value_head_tests_match_the_spec(self, registration: Registration) -> None:
+        declared = bool(getattr(registration.spec, "supports_value_head", False))
+        assert declared == self.check_value_head, (
+            f"the spec says supports_value_head={declared} but {type(self).__name__} sets "
+            f"check_value_head={self.check_value_head}: they must agree (a critic is run only on "
+            f"engines that declare it, and what is declared is tested)"
+        )
+
+    def test_compute_values(self, value_engine: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        values = value_engine.compute_values(batch)
+        assert isinstance(values, torch.Tensor) and values.dtype.is_floating_point
+        assert values.shape == batch["responses"].shape
+        real = batch["response_mask"] > 0
+        assert torch.isfinite(values[real]).all()
+        assert (values[~real] == 0).all(), "values must be 0 on padding"
+        torch.testing.assert_close(value_engine.compute_values(batch), values)
+
+    def test_value_of_a_token_is_read_before_the_token(self, value_engine: Any) -> None:
+        """The value at response position ``t`` is the state in which token ``t`` is chosen:
+        changing token ``t`` leaves the values at positions ``<= t`` unchanged."""
+        import torch
+
+        batch = self.make_batch()
+        before = value_engine.compute_values(batch)
+        changed = batch.select_rows(torch.arange(len(batch)))
+        t = 1
+        column = changed["input_ids"].shape[1] - self.response_length + t
+        for key, index in (("input_ids", column), ("responses", t)):
+            tokens = changed[key].clone()
+            tokens[0, index] = tokens[0, index] % (self.vocab_size - 1) + 1
+            changed[key] = tokens
+        after = value_engine.compute_values(changed)
+        torch.testing.assert_close(after[0, : t + 1], before[0, : t + 1], atol=1e-5, rtol=1e-5)
+        assert not torch.equal(after[0, t + 1 :], before[0, t + 1 :]), (
+            "the values after a changed token must depend on it"
+        )
+
+    def test_train_value_step_fits_a_target(self, value_engine: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        real = batch["response_mask"] > 0
+        before = value_engine.compute_values(batch)
+        target = float(before[real].mean()) + 1.0
+        for _ in range(3):
+            metrics = value_engine.train_value_step(batch, self.value_target_loss_fn(batch, target))
+        for key in ("critic/grad_norm", "critic/lr", "fit"):
+            assert key in metrics and math.isfinite(_scalar(metrics[key])), key
+        after = value_engine.compute_values(batch)
+        assert (after[real] - target).abs().mean() < (before[real] - target).abs().mean()
+        assert torch.isfinite(after).all()
+
+    def test_value_checkpoint_round_trip(self, value_engine: Any, tmp_path: Any) -> None:
+        import torch
+
+        batch = self.make_batch()
+        saved = value_engine.compute_values(batch)
+        value_engine.save_checkpoint(str(tmp_path / "critic"))
+        value_engine.train_value_step(batch, self.value_target_loss_fn(batch, 5.0))
+        value_engine.load_checkpoint(str(tmp_path / "critic"))
+        torch.testing.assert_close(value_engine.compute_values(batch), saved, atol=1e-5, rtol=1e-5)
 
 
 class RolloutEngineConformance(_PluginConformance):

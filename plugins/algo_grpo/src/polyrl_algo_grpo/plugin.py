@@ -39,6 +39,21 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         estimators=("rloo",),
         roles=_ROLES,
     )
+    # Selected by algorithm.name=dapo only: its estimator is GRPO's, which the grpo algorithm owns.
+    yield AlgorithmSpec(
+        name="dapo",
+        description="DAPO: GRPO with dynamic sampling, clip-higher, overlong shaping, token-mean",
+        pipeline="polyrl_algo_grpo.dapo:dapo_pipeline",
+        roles=_ROLES,
+        config_defaults={
+            "algorithm.adv_estimator": "grpo",
+            "algorithm.filter_groups.enable": True,
+            "actor_rollout_ref.actor.clip_ratio_low": 0.2,
+            "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+            "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+        },
+        config_check="polyrl_algo_grpo.checks:check_dapo_config",
+    )
 
 
 @hookimpl

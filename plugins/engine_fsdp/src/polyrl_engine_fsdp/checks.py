@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.config.checks import role_world
+from polyrl_engine_fsdp.plugin import ENGINE_NAMES
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
+CRITIC = "critic"
 
 DTYPES = {
     "bfloat16": "bfloat16",
@@ -152,4 +154,20 @@ def check_config(cfg: Any) -> list[str]:
             size = fsdp_size_problem(node.fsdp_config, prefix, found[0], found[1])
             problems += [size] if size else []
     offload = offload_problem(actor.fsdp_config, ACTOR)
+    problems += [offload] if offload else []
+    if str(cfg.critic.strategy) in ENGINE_NAMES:
+        problems += critic_problems(cfg)
+    return problems
+
+
+def critic_problems(cfg: Any) -> list[str]:
+    """The critic's optimizer and FSDP settings, when this engine runs it. Its FSDP settings
+    follow the actor's unless set: an inherited value is reported once, for the actor."""
+    problems = optim_problems(cfg.critic.optim, CRITIC)
+    fsdp, actor_fsdp = cfg.critic.model.fsdp_config, cfg.actor_rollout_ref.actor.fsdp_config
+    found = role_world(cfg, CRITIC)
+    if found is not None and (fsdp != actor_fsdp or found != role_world(cfg, "actor")):
+        size = fsdp_size_problem(fsdp, f"{CRITIC}.model", found[0], found[1])
+        problems += [size] if size else []
+    offload = offload_problem(fsdp, f"{CRITIC}.model") if fsdp != actor_fsdp else None
     return [*problems, *([offload] if offload else [])]

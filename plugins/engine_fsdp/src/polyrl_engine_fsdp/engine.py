@@ -5,6 +5,8 @@ Read ``polyrl.interfaces.training_engine`` for the contract. What this engine ad
 - micro-batches by row count or by token budget (``use_dynamic_bsz``), the same number on every
   rank (FSDP's collectives would hang otherwise), with all-padding columns cut away;
 - logits only for the response positions (``logits_to_keep``), scored in float32;
+- a value head (``ModelHead.VALUE``, a critic): one scalar per response token, trained with a
+  loss the critic role supplies;
 - AdamW + warm-up/constant/cosine schedule, grad-norm clipping, a step with a non-finite grad
   norm skipped (and reported as ``actor/skipped_step``);
 - weight streaming, DCP checkpoints and Hugging Face export (see :mod:`.checkpoint`).
@@ -17,7 +19,7 @@ import math
 import random
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,11 +30,18 @@ from torch.distributed.tensor import DTensor
 
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
-from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
+from polyrl.interfaces.training_engine import (
+    EngineContext,
+    MicroBatchLossFn,
+    MicroBatchValueLossFn,
+    ModelHead,
+    TrainingEngine,
+)
 from polyrl_engine_fsdp import checkpoint as ckpt
 from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
 from polyrl_engine_fsdp.microbatch import (
+    TrimmedInputs,
     equalize_count,
     fixed_partition,
     row_lengths,
@@ -44,6 +53,8 @@ from polyrl_engine_fsdp.schedule import build_scheduler
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+# A micro-batch's loss and metrics, computed from its forward pass (the head decides which).
+MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
 
 
 class EngineUsageError(PolyrlError):
@@ -84,7 +95,8 @@ def seed_everything(seed: int) -> None:
 
 
 class FSDPEngine(TrainingEngine):
-    """FSDP2 engine for ``actor`` (trainable) and ``ref`` (frozen) roles."""
+    """FSDP2 engine for ``actor`` (trainable) and ``ref`` (frozen) roles, and for value models
+    (a critic, ``EngineContext.head=ModelHead.VALUE``)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -95,7 +107,8 @@ class FSDPEngine(TrainingEngine):
         _ensure_process_group(ctx, self.device)
         seed_everything(ctx.seed)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
-        model = load_hf_model(ctx.model_path, self.settings, self.device)
+        self.head = ModelHead(ctx.head)
+        model = load_hf_model(ctx.model_path, self.settings, self.device, self.head)
         self.hf_config = model.config
         if not self.trainable:
             model.requires_grad_(False)
@@ -116,7 +129,7 @@ class FSDPEngine(TrainingEngine):
             self.scheduler = build_scheduler(self.optimizer, optim)
         self.model.train(self.trainable)
         self.global_step = 0
-        self.metric_prefix = "critic" if ctx.role == "critic" else "actor"
+        self.metric_prefix = "critic" if self.head is ModelHead.VALUE else "actor"
 
     # ---- micro-batching -----------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, training: bool) -> tuple[list[list[int]], int]:
@@ -138,12 +151,10 @@ class FSDPEngine(TrainingEngine):
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     # ---- forward ------------------------------------------------------------------------------
-    def _forward(
-        self, batch: Batch, temperature: float, entropy: EntropyMode
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
+    def _trimmed_inputs(self, batch: Batch) -> tuple[TrimmedInputs, dict[str, Any], torch.Tensor]:
+        """The micro-batch without its all-padding columns, the model's keyword arguments, and
+        the response part of the attention mask ``[b, R]`` (on the device)."""
         responses = batch["responses"].to(self.device)
-        response_width = responses.shape[1]
         attention_mask = batch["attention_mask"].to(self.device)
         position_ids = batch.get("position_ids")
         trimmed = trim_columns(
@@ -152,25 +163,45 @@ class FSDPEngine(TrainingEngine):
             None if position_ids is None else position_ids.to(self.device),
             responses,
         )
-        kept = trimmed.kept_response
         kwargs: dict[str, Any] = {
             "input_ids": trimmed.input_ids,
             "attention_mask": trimmed.attention_mask,
             "position_ids": trimmed.position_ids,
             "use_cache": False,
         }
+        return trimmed, kwargs, attention_mask[:, -responses.shape[1] :]
+
+    def _forward(
+        self, batch: Batch, temperature: float, entropy: EntropyMode
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
+        trimmed, kwargs, response_attention = self._trimmed_inputs(batch)
+        response_width, kept = response_attention.shape[1], trimmed.kept_response
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = kept + 1
         logits = self.model(**kwargs).logits
         logits = logits[:, -(kept + 1) : -1]
         log_prob, ent = token_logprob_entropy(logits, trimmed.labels, temperature, entropy)
         del logits
-        valid = attention_mask[:, -response_width:][:, :kept].to(log_prob.dtype)
+        valid = response_attention[:, :kept].to(log_prob.dtype)
         pad = (0, response_width - kept)
         log_prob = F.pad(log_prob * valid, pad)
         if ent is not None:
             ent = F.pad(ent * valid, pad)
         return log_prob, ent
+
+    def _forward_values(self, batch: Batch) -> torch.Tensor:
+        """Values ``[b, R]`` in float32, zero on padding: the head's output at the position that
+        predicts each response token."""
+        trimmed, kwargs, response_attention = self._trimmed_inputs(batch)
+        response_width, kept = response_attention.shape[1], trimmed.kept_response
+        with warnings.catch_warnings():
+            # The head's output (nn.Linear with a bias on [b, T, H]) is a view, which FSDP warns
+            # about for the sake of in-place ops; nothing here writes into it.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* a view tensor")
+            values = self.model(**kwargs).logits[:, -(kept + 1) : -1, 0].float()
+        valid = response_attention[:, :kept].to(values.dtype)
+        return F.pad(values * valid, (0, response_width - kept))
 
     def _dummy_pass(self, backward: bool) -> None:
         """A 2-token forward (and zero-weight backward) that only takes part in FSDP's
@@ -185,16 +216,23 @@ class FSDPEngine(TrainingEngine):
         if backward:
             (logits.float().sum() * 0.0).backward()
 
-    # ---- TrainingEngine -----------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _require_head(self, head: ModelHead, method: str) -> None:
+        if self.head is not head:
+            raise EngineUsageError(
+                f"{method} needs an engine with the {head.value} head, but this one (role "
+                f"{self.ctx.role!r}) was built with the {self.head.value} head"
+            )
+
+    # ---- inference ----------------------------------------------------------------------------
+    def _no_grad_rows(
+        self, batch: Batch, forward: Callable[[Batch], tuple[torch.Tensor | None, ...]], count: int
+    ) -> list[torch.Tensor]:
+        """``count`` float32 ``[B, R]`` outputs of ``forward`` over the micro-batches, without
+        grad and in eval mode (an output ``forward`` returns as None stays zero)."""
         _check_batch(batch)
         groups, dummies = self._micro_batches(batch, training=False)
         rows, width = batch["responses"].shape
-        log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        entropies = torch.zeros((rows, width), dtype=torch.float32) if calculate_entropy else None
-        mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
+        outputs = [torch.zeros((rows, width), dtype=torch.float32) for _ in range(count)]
         was_training = self.model.training
         self.model.eval()
         try:
@@ -202,32 +240,78 @@ class FSDPEngine(TrainingEngine):
                 for group in groups:
                     index = torch.tensor(group, dtype=torch.long)
                     micro = batch.select_keys(MODEL_KEYS).select_rows(index)
-                    log_prob, ent = self._forward(micro, temperature, mode)
-                    log_probs[index] = log_prob.float().cpu()
-                    if entropies is not None and ent is not None:
-                        entropies[index] = ent.float().cpu()
+                    for output, value in zip(outputs, forward(micro)):
+                        if value is not None:
+                            output[index] = value.float().cpu()
                 for _ in range(dummies):
                     self._dummy_pass(backward=False)
         finally:
             self.model.train(was_training)
             reshard_all(self.model)
-        return log_probs, entropies
+        return outputs
 
+    def compute_log_prob(
+        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self._require_head(ModelHead.CAUSAL_LM, "compute_log_prob")
+        mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
+        outputs = self._no_grad_rows(
+            batch,
+            lambda micro: self._forward(micro, temperature, mode),
+            2 if calculate_entropy else 1,
+        )
+        return outputs[0], outputs[1] if calculate_entropy else None
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        self._require_head(ModelHead.VALUE, "compute_values")
+        return self._no_grad_rows(batch, lambda micro: (self._forward_values(micro),), 1)[0]
+
+    # ---- training -----------------------------------------------------------------------------
     def train_step(
         self, mini_batch: Batch, loss_fn: MicroBatchLossFn, *, temperature: float = 1.0
     ) -> dict[str, float]:
         """One optimizer step. Each micro-batch reaches ``loss_fn`` on the engine's device with
         ``meta`` keys ``mini_batch_rows``, ``mini_batch_response_tokens`` (this rank's) and
         ``num_micro_batches``, so a loss can scale itself to the mini-batch."""
+        self._require_head(ModelHead.CAUSAL_LM, "train_step")
+        with_grad = self.settings.entropy_coeff != 0
+        entropy_mode = EntropyMode.GRAD if with_grad else EntropyMode.DETACHED
+        entropy = {"sum": 0.0, "tokens": 0.0}
+
+        def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            log_prob, ent = self._forward(micro, temperature, entropy_mode)
+            passed = ent if entropy_mode == EntropyMode.GRAD else None
+            loss, metrics = loss_fn(micro, log_prob, passed)
+            if ent is not None:
+                mask = _response_mask(micro).to(ent.dtype)
+                entropy["sum"] += float((ent.detach() * mask).sum())
+                entropy["tokens"] += float(mask.sum())
+            return loss, metrics
+
+        result = self._train(mini_batch, micro_loss)
+        key = f"{self.metric_prefix}/entropy"
+        if key not in result and entropy["tokens"] > 0:
+            result[key] = entropy["sum"] / entropy["tokens"]
+        return result
+
+    def train_value_step(
+        self, mini_batch: Batch, loss_fn: MicroBatchValueLossFn
+    ) -> dict[str, float]:
+        """One optimizer step of the value head; micro-batches carry the same ``meta`` as in
+        :meth:`train_step`."""
+        self._require_head(ModelHead.VALUE, "train_value_step")
+        return self._train(mini_batch, lambda micro: loss_fn(micro, self._forward_values(micro)))
+
+    def _train(self, mini_batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
+        """Backward through ``micro_loss`` of every micro-batch, then one optimizer step; the
+        loss metrics averaged over the micro-batches, the grad norm and the lr."""
         if self.optimizer is None or self.scheduler is None:
             raise EngineUsageError(
-                f"train_step called on a non-trainable engine (role {self.ctx.role!r}); "
-                f"only the actor role trains"
+                f"a training step was called on a non-trainable engine (role "
+                f"{self.ctx.role!r}); the reference does not train"
             )
         _check_batch(mini_batch)
         groups, dummies = self._micro_batches(mini_batch, training=True)
-        with_grad = self.settings.entropy_coeff != 0
-        entropy_mode = EntropyMode.GRAD if with_grad else EntropyMode.DETACHED
         meta = {
             "mini_batch_rows": len(mini_batch),
             "mini_batch_response_tokens": float(_response_mask(mini_batch).sum()),
@@ -236,29 +320,20 @@ class FSDPEngine(TrainingEngine):
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        entropy_sum, entropy_tokens = 0.0, 0.0
         for group in groups:
             micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(self.device)
             micro.meta.update(meta)
-            log_prob, ent = self._forward(micro, temperature, entropy_mode)
-            passed = ent if entropy_mode == EntropyMode.GRAD else None
-            loss, metrics = loss_fn(micro, log_prob, passed)
+            loss, metrics = micro_loss(micro)
             loss.backward()
             for key, value in metrics.items():
                 sums[key] += float(value)
                 counts[key] += 1
-            if ent is not None:
-                mask = _response_mask(micro).to(ent.dtype)
-                entropy_sum += float((ent.detach() * mask).sum())
-                entropy_tokens += float(mask.sum())
         for _ in range(dummies):
             self._dummy_pass(backward=True)
 
         grad_norm, lr = self._optimizer_step()
         result = {key: sums[key] / counts[key] for key in sums}
         p = self.metric_prefix
-        if f"{p}/entropy" not in result and entropy_tokens > 0:
-            result[f"{p}/entropy"] = entropy_sum / entropy_tokens
         result[f"{p}/grad_norm"] = grad_norm
         result[f"{p}/lr"] = lr
         if not math.isfinite(grad_norm):
@@ -331,6 +406,7 @@ class FSDPEngine(TrainingEngine):
         dist.barrier()
 
     def export_hf(self, path: str) -> None:
+        self._require_head(ModelHead.CAUSAL_LM, "export_hf")
         reshard_all(self.model)
         state = ckpt.full_state_dict_on_rank0(self.model)
         if dist.get_rank() == 0:

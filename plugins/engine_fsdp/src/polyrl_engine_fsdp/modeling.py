@@ -4,6 +4,10 @@ Each decoder layer (the model's ``_no_split_modules`` classes) becomes its own F
 only one layer's full weights exist at a time; the root unit holds the rest: embeddings, final
 norm and ``lm_head``. Tied embeddings (``lm_head.weight is embed_tokens.weight``, as in SmolLM2
 and small Qwen2) stay one parameter because both modules live in the root unit.
+
+A value model (a critic) is ``AutoModelForTokenClassification`` with one label: loaded from a
+causal-LM checkpoint it takes the backbone's weights and gets a fresh linear ``score`` head (the
+checkpoint's ``lm_head`` is left out), which is how verl builds its critic.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from polyrl.errors import ConfigError
+from polyrl.interfaces.training_engine import ModelHead
 from polyrl_engine_fsdp.config import EngineSettings
 
 _CONFIG_KWARGS = ("attn_implementation",)
@@ -45,16 +50,26 @@ def load_hf_config(model_path: str, settings: EngineSettings) -> Any:
     return config
 
 
-def load_hf_model(model_path: str, settings: EngineSettings, device: torch.device) -> nn.Module:
-    """``AutoModelForCausalLM`` in float32 (the master weights) on ``device``."""
-    from transformers import AutoModelForCausalLM
+def load_hf_model(
+    model_path: str,
+    settings: EngineSettings,
+    device: torch.device,
+    head: ModelHead = ModelHead.CAUSAL_LM,
+) -> nn.Module:
+    """The model with ``head`` in float32 (the master weights) on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     config = load_hf_config(model_path, settings)
     kwargs: dict[str, Any] = {}
     for key in _CONFIG_KWARGS:
         if key in settings.override_config:
             kwargs[key] = settings.override_config[key]
-    model = AutoModelForCausalLM.from_pretrained(
+    auto_class: Any = AutoModelForCausalLM
+    if head is ModelHead.VALUE:
+        auto_class = AutoModelForTokenClassification
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # values are regressed: no noise on the head's input
+    model = auto_class.from_pretrained(
         model_path,
         config=config,
         dtype=torch.float32,

@@ -12,6 +12,7 @@ from polyrl import hookimpl
 from polyrl.specs import TrainingEngineSpec
 
 ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
+ENGINE_NAMES = ("fsdp2", "fsdp")
 # FSDP-specific rules of the run config (dtype, HSDP, offload ...), run by `polyrl validate`.
 CONFIG_CHECK = "polyrl_engine_fsdp.checks:check_config"
 
@@ -27,6 +28,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         supports_sequence_packing=False,
         supports_weight_sync=True,
         supports_checkpoint=True,
+        supports_value_head=True,
         runtime_modules=("torch",),
         config_check=CONFIG_CHECK,
     )
@@ -34,9 +36,10 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
 
 @hookimpl
 def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
+    name, alias = ENGINE_NAMES
     yield _spec(
-        "fsdp2",
+        name,
         "PyTorch FSDP2 (fully_shard): bf16 mixed precision, token-budget micro-batches, "
-        "DCP checkpoints, HF export",
+        "DCP checkpoints, HF export, value heads (critics)",
     )
-    yield _spec("fsdp", "Alias of fsdp2: this package implements FSDP with FSDP2 (fully_shard)")
+    yield _spec(alias, "Same engine as fsdp2 (FSDP2, fully_shard); polyrl has no FSDP1 engine")

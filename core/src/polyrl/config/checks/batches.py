@@ -29,10 +29,12 @@ def check_batches(checker: Checker) -> None:
             f"data.train_batch_size {train} x rollout.n {n} = {train * n} responses are not "
             f"divisible by the {where}"
         )
-    _check_ppo_batches(c, "actor_rollout_ref.actor", train, n, world, where)
+    check_ppo_batches(c, "actor_rollout_ref.actor", train, n, world, where)
 
 
-def _check_ppo_batches(c: Checker, role: str, train: int, n: int, world: int, where: str) -> None:
+def check_ppo_batches(c: Checker, role: str, train: int, n: int, world: int, where: str) -> None:
+    """Mini-batches of the role whose keys are under ``role`` (the actor's, or a critic's from
+    its algorithm's check): whole, split evenly over the ``world`` ranks and micro-batches."""
     mini = c.number(f"{role}.ppo_mini_batch_size", at_least(1), ">= 1 (prompts)", integer=True)
     micro = c.number(f"{role}.ppo_micro_batch_size_per_gpu", at_least(1), ">= 1", integer=True)
     if not mini:

@@ -1,5 +1,10 @@
 """The data: train (and val) files are set, exist, and have the columns verl-format data needs
-(read from the parquet schema, not the rows); ``builtin:`` sources name a known generator."""
+(read from the parquet schema, not the rows); ``builtin:`` sources name a known generator.
+
+An algorithm that brings its own data (``AlgorithmSpec.data``) reads other files: only their
+existence is checked here, and its own ``config_check`` checks their columns (preference pairs:
+:func:`preference_file_problems`).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,12 @@ import difflib
 import os
 from typing import Any
 
-from polyrl.config.checks.checker import MISSING, Checker, as_list
+from polyrl.config.checks.checker import MISSING, Checker, as_list, get
 from polyrl.errors import PolyrlError
 
 GENERATED_DATA_PREFIX = "builtin:"
 REQUIRED_COLUMNS_FIXED = ("reward_model",)
+DATA_FILE_KEYS = ("data.train_files", "data.val_files")
 
 
 def check_data(checker: Checker) -> None:
@@ -19,7 +25,9 @@ def check_data(checker: Checker) -> None:
     source_key = checker.get("data.reward_fn_key")
     columns = [c for c in (source_key, prompt_key) if isinstance(c, str)]
     columns += list(REQUIRED_COLUMNS_FIXED)
-    for key, required in (("data.train_files", True), ("data.val_files", False)):
+    if _algorithm_brings_own_data(checker):
+        columns = []
+    for key, required in zip(DATA_FILE_KEYS, (True, False)):
         value = checker.get(key)
         if value is MISSING or value is None or value == []:
             if required:
@@ -56,6 +64,64 @@ def _check_data_file(checker: Checker, key: str, path: Any, columns: list[str]) 
             f"(it has: {', '.join(schema.names)}); verl-format data needs "
             f"{', '.join(columns)} (data.prompt_key / data.reward_fn_key name the first two)"
         )
+
+
+def _algorithm_brings_own_data(checker: Checker) -> bool:
+    """Whether the selected algorithm reads its own files (``AlgorithmSpec.data``); a selection
+    problem is reported by the pipeline checks, not here."""
+    from polyrl.step.algorithm import select_algorithm
+
+    name, estimator = checker.get("algorithm.name"), checker.get("algorithm.adv_estimator")
+    try:
+        registration = select_algorithm(
+            name if isinstance(name, str) else None, str(estimator), checker.registry
+        )
+    except PolyrlError:
+        return False
+    return registration.spec.data is not None
+
+
+def preference_file_problems(cfg: Any) -> list[str]:
+    """One line per parquet file of ``data.train_files`` / ``data.val_files`` that is not a
+    preference file (see :mod:`polyrl.data.preference`): it needs ``chosen`` and ``rejected``,
+    and the prompt column ``data.prompt_key`` unless ``chosen`` holds whole conversations (TRL's
+    implicit prompt). Files that are missing or unreadable are reported by :func:`check_data`."""
+    import pyarrow as pa
+
+    from polyrl.data.preference import RESPONSE_COLUMNS
+
+    prompt_key = get(cfg, "data.prompt_key")
+    problems = []
+    for key in DATA_FILE_KEYS:
+        for path in as_list(get(cfg, key)):
+            schema = _readable_schema(path)
+            if schema is None:
+                continue
+            missing = [c for c in RESPONSE_COLUMNS if c not in schema.names]
+            conversations = "chosen" in schema.names and pa.types.is_list(
+                schema.field("chosen").type
+            )
+            if prompt_key not in schema.names and not conversations:
+                missing.append(f"{prompt_key} (data.prompt_key)")
+            if missing:
+                problems.append(
+                    f"{key}: {path!r} is not a preference file: it lacks {', '.join(missing)} "
+                    f"(it has: {', '.join(schema.names)}); one row per pair: the prompt (chat "
+                    "messages or text), chosen and rejected (TRL's layouts work too)"
+                )
+    return problems
+
+
+def _readable_schema(path: Any) -> Any:
+    """The parquet schema of a local ``.parquet`` file, or None (not one, or unreadable)."""
+    if not isinstance(path, str) or not path.endswith(".parquet"):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(os.path.expanduser(path))
+    except Exception:  # noqa: BLE001 - check_data reports a missing or unreadable file
+        return None
 
 
 def _check_generated_data(checker: Checker, key: str, spec: str) -> None:

@@ -40,9 +40,9 @@ SWITCHED_ROLES = {
     ),
     "reward_model.enable": (
         "reward_model",
-        "a model-based reward model",
-        "score with the built-in verifiable rewards, custom_reward_function.path, or a reward "
-        "plugin",
+        "the reward model",
+        "drop reward_model.enable, or pick an algorithm whose step scores sampled responses "
+        "(the policy-gradient family runs the reward_model stage after reward)",
     ),
 }
 

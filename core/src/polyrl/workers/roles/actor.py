@@ -8,7 +8,7 @@ the rollout node's, verl's place for them, through the schema's interpolations),
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,13 +53,80 @@ def plain_node(node: Any) -> Any:
     return OmegaConf.create(OmegaConf.to_container(OmegaConf.create(node), resolve=True))
 
 
-def optimizer_steps_per_training_step(cfg: Any) -> int:
-    """The configured number of optimizer steps of one update (epochs x mini-batches), for the
-    LR schedule's length; a batch that shrank (dynamic sampling) takes fewer."""
-    actor = cfg.actor_rollout_ref.actor
-    return int(actor.ppo_epochs) * max(
-        1, int(cfg.data.train_batch_size) // int(actor.ppo_mini_batch_size)
+def optimizer_steps_per_training_step(cfg: Any, node: Any = None) -> int:
+    """The configured number of optimizer steps of one update (epochs x mini-batches) of the
+    role whose config ``node`` holds ``ppo_epochs`` and ``ppo_mini_batch_size`` (the actor's
+    by default), for the LR schedule's length; a batch that shrank (dynamic sampling) takes
+    fewer."""
+    node = cfg.actor_rollout_ref.actor if node is None else node
+    return int(node.ppo_epochs) * max(
+        1, int(cfg.data.train_batch_size) // int(node.ppo_mini_batch_size)
     )
+
+
+def train_on_plan(
+    ctx: RoleContext,
+    batch: Batch,
+    plan: MiniBatchPlan,
+    train_mini_batch: Callable[[Batch], dict[str, float]],
+) -> dict[str, float]:
+    """``train_mini_batch`` (one optimizer step) on each mini-batch of ``plan`` (local row
+    indices into this shard, in order), each carrying its loss denominators in
+    ``meta["loss_norm"]`` (see :func:`global_loss_norm`); the metrics averaged over the steps.
+    Every role that trains by the driver's mini-batch plan (the actor, a critic) runs this."""
+    check_plan(batch, plan)
+    collected: dict[str, list[float]] = defaultdict(list)
+    for minis in plan.epochs:
+        for rows in minis:
+            mini = batch.select_rows(rows)
+            mini.meta["loss_norm"] = global_loss_norm(ctx, mini["response_mask"])
+            for key, value in train_mini_batch(mini).items():
+                collected[key].append(float(value))
+    return {key: sum(values) / len(values) for key, values in collected.items()}
+
+
+def check_plan(batch: Batch, plan: MiniBatchPlan) -> None:
+    """Raise :class:`UpdateError` for an empty mini-batch or one indexing past this shard."""
+    for epoch, minis in enumerate(plan.epochs):
+        for m, rows in enumerate(minis):
+            rows = np.asarray(rows)
+            if rows.size == 0:
+                raise UpdateError(f"mini-batch {m} of epoch {epoch} of the plan is empty")
+            top = int(rows.max())
+            if top >= len(batch) or int(rows.min()) < 0:
+                raise UpdateError(
+                    f"mini-batch {m} of epoch {epoch} of the update plan indexes row {top}, "
+                    f"but this rank's shard has {len(batch)} rows: the plan was made for "
+                    f"another batch size or data-parallel size"
+                )
+
+
+def global_loss_norm(ctx: RoleContext, response_mask: torch.Tensor) -> dict[str, float]:
+    """Mini-batch denominators over ALL ranks, divided by the number of ranks: each rank's
+    loss is then its share of the global aggregate, and the gradient average across ranks
+    that data parallelism performs yields exactly the global token/sequence mean.
+
+    Tensor-parallel peers hold the same rows, so the sum over all ranks counts each row
+    ``tp`` times; divided by ``tp x dp`` ranks it is still the global total over ``dp``.
+    """
+    from polyrl.algorithms.loss_agg import loss_norm_totals
+
+    totals = loss_norm_totals(response_mask, max_len=int(ctx.cfg.data.max_response_length))
+    counts = torch.tensor(
+        [totals["num_seqs"], totals["num_tokens"]],
+        dtype=torch.float64,
+        device=ctx.device,
+    )
+    ranks = 1
+    if dist.is_initialized():
+        dist.all_reduce(counts)  # NCCL reduces CUDA tensors only: counts live on the device
+        ranks = dist.get_world_size()
+    counts = (counts / ranks).clamp(min=1.0 / ranks).cpu()
+    return {
+        "num_seqs": float(counts[0]),
+        "num_tokens": float(counts[1]),
+        "max_len": totals["max_len"],
+    }
 
 
 class ActorRole(Role):
@@ -109,7 +176,7 @@ class ActorRole(Role):
         Without ``old_log_probs`` in the batch the update must be on-policy (one optimizer
         step): the old log-probs are then the detached current ones.
         """
-        self._check_plan(batch, plan)
+        check_plan(batch, plan)
         if "old_log_probs" in batch:
             loss_fn = self.loss_fn
         elif plan.on_policy:
@@ -122,56 +189,12 @@ class ActorRole(Role):
                 f"before update_actor (batch keys: "
                 f"{sorted(batch.tensors) + sorted(batch.non_tensors)})"
             )
-        collected: dict[str, list[float]] = defaultdict(list)
-        for minis in plan.epochs:
-            for rows in minis:
-                mini = batch.select_rows(rows)
-                mini.meta["loss_norm"] = self._global_loss_norm(mini["response_mask"])
-                metrics = self.engine.train_step(mini, loss_fn, temperature=self.temperature)
-                for key, value in metrics.items():
-                    collected[key].append(float(value))
-        return {key: sum(values) / len(values) for key, values in collected.items()}
-
-    def _check_plan(self, batch: Batch, plan: MiniBatchPlan) -> None:
-        for epoch, minis in enumerate(plan.epochs):
-            for m, rows in enumerate(minis):
-                rows = np.asarray(rows)
-                if rows.size == 0:
-                    raise UpdateError(f"mini-batch {m} of epoch {epoch} of the plan is empty")
-                top = int(rows.max())
-                if top >= len(batch) or int(rows.min()) < 0:
-                    raise UpdateError(
-                        f"mini-batch {m} of epoch {epoch} of the update plan indexes row {top}, "
-                        f"but this rank's shard has {len(batch)} rows: the plan was made for "
-                        f"another batch size or data-parallel size"
-                    )
-
-    def _global_loss_norm(self, response_mask: torch.Tensor) -> dict[str, float]:
-        """Mini-batch denominators over ALL ranks, divided by the number of ranks: each rank's
-        loss is then its share of the global aggregate, and the gradient average across ranks
-        that data parallelism performs yields exactly the global token/sequence mean.
-
-        Tensor-parallel peers hold the same rows, so the sum over all ranks counts each row
-        ``tp`` times; divided by ``tp x dp`` ranks it is still the global total over ``dp``.
-        """
-        from polyrl.algorithms.loss_agg import loss_norm_totals
-
-        totals = loss_norm_totals(response_mask, max_len=int(self.ctx.cfg.data.max_response_length))
-        counts = torch.tensor(
-            [totals["num_seqs"], totals["num_tokens"]],
-            dtype=torch.float64,
-            device=self.ctx.device,
+        return train_on_plan(
+            self.ctx,
+            batch,
+            plan,
+            lambda mini: self.engine.train_step(mini, loss_fn, temperature=self.temperature),
         )
-        ranks = 1
-        if dist.is_initialized():
-            dist.all_reduce(counts)  # NCCL reduces CUDA tensors only: counts live on the device
-            ranks = dist.get_world_size()
-        counts = (counts / ranks).clamp(min=1.0 / ranks).cpu()
-        return {
-            "num_seqs": float(counts[0]),
-            "num_tokens": float(counts[1]),
-            "max_len": totals["max_len"],
-        }
 
     def _on_policy_loss(
         self, micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None

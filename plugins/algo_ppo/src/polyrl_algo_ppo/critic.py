@@ -1,0 +1,112 @@
+"""The critic worker role: a value model on the training engine ``critic.strategy``.
+
+Its engine is built like the actor's, from an engine node shaped like
+``actor_rollout_ref.actor``: the actor's node with the ``critic.*`` settings merged over it
+(micro-batch sizes, token budgets, ``optim``, ``model.fsdp_config``), so any engine that reads
+the actor's layout and has a value head (``TrainingEngineSpec.supports_value_head``) runs a
+critic. The model is ``critic.model.path``, or the actor's model when it is null; in either case
+the engine keeps the backbone's weights and puts a fresh one-scalar head on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import OmegaConf
+
+from polyrl.batch import Batch
+from polyrl.interfaces.training_engine import ModelHead
+from polyrl.registry import get_registry
+from polyrl.specs import PluginKind
+from polyrl.workers.mesh import DataParallelRank
+from polyrl.workers.roles.actor import (
+    optimizer_steps_per_training_step,
+    plain_node,
+    train_on_plan,
+    training_engine_context,
+)
+from polyrl.workers.roles.base import Role, RoleContext
+from polyrl_algo_ppo.value_loss import make_value_loss_fn
+
+if TYPE_CHECKING:
+    from polyrl.step.minibatch import MiniBatchPlan
+
+
+def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
+    """The critic's engine node: the actor's, with the critic's keys (verl's names) over it."""
+    critic = cfg.critic
+    return OmegaConf.merge(
+        plain_node(cfg.actor_rollout_ref.actor),
+        {
+            "strategy": critic.strategy,
+            "ppo_mini_batch_size": critic.ppo_mini_batch_size,
+            "ppo_micro_batch_size_per_gpu": critic.ppo_micro_batch_size_per_gpu,
+            "log_prob_micro_batch_size_per_gpu": critic.forward_micro_batch_size_per_gpu,
+            "use_dynamic_bsz": critic.use_dynamic_bsz,
+            "ppo_max_token_len_per_gpu": critic.ppo_max_token_len_per_gpu,
+            "log_prob_max_token_len_per_gpu": critic.forward_max_token_len_per_gpu,
+            "ppo_epochs": critic.ppo_epochs,
+            "shuffle": critic.shuffle,
+            "loss_agg_mode": critic.loss_agg_mode,
+            "entropy_coeff": 0.0,
+            "optim": plain_node(critic.optim),
+            "fsdp_config": plain_node(critic.model.fsdp_config),
+            "total_optimizer_steps": optimizer_steps_per_training_step(cfg, critic)
+            * total_training_steps,
+        },
+    )
+
+
+def critic_model_path(ctx: RoleContext) -> str:
+    """A local folder for ``critic.model.path``; the actor's model when it is null."""
+    path = ctx.cfg.critic.model.path
+    if path is None:
+        return ctx.model_path
+    from polyrl.models.resolve import resolve_model_path
+
+    return resolve_model_path(str(path))
+
+
+class CriticRole(Role):
+    """Values of the sampled responses, and the value model's update by the driver's plan."""
+
+    checkpointed = True
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.cfg
+        engine_cls = get_registry().load(PluginKind.TRAINING_ENGINE, cfg.critic.strategy)
+        model = OmegaConf.merge(
+            plain_node(cfg.actor_rollout_ref.model),
+            {"enable_gradient_checkpointing": cfg.critic.model.enable_gradient_checkpointing},
+        )
+        engine_ctx = training_engine_context(
+            ctx, critic_engine_node(cfg, ctx.total_training_steps), trainable=True
+        )
+        self.engine = engine_cls(
+            replace(
+                engine_ctx, model_path=critic_model_path(ctx), model=model, head=ModelHead.VALUE
+            )
+        )
+        self.loss_fn = make_value_loss_fn(cfg.critic)
+
+    def data_parallel_rank(self) -> DataParallelRank:
+        return self.engine.data_parallel_rank()
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` ``[B, R]`` of the batch's responses under the current value model."""
+        return Batch({"values": self.engine.compute_values(batch)})
+
+    def update(self, batch: Batch, plan: MiniBatchPlan) -> dict[str, float]:
+        """One optimizer step per mini-batch of ``plan`` on the clipped value loss; the batch
+        holds the model inputs, ``values`` (before the update) and ``returns``."""
+        return train_on_plan(
+            self.ctx, batch, plan, lambda mini: self.engine.train_value_step(mini, self.loss_fn)
+        )
+
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path)

@@ -1,0 +1,35 @@
+"""Entry point of polyrl-algo-ppo. Light on purpose: no torch import here; the registry
+resolves the import strings only when PPO is selected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl import hookimpl
+from polyrl.specs import AdvantageEstimatorSpec, AlgorithmSpec
+
+
+@hookimpl
+def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
+    yield AlgorithmSpec(
+        name="ppo",
+        description="PPO with a critic: GAE advantages from a value model trained with the "
+        "clipped value loss, PPO-clipped policy loss",
+        pipeline="polyrl_algo_ppo.stages:ppo_pipeline",
+        estimators=("gae",),
+        roles=("actor", "rollout", "ref", "critic", "reward_model"),
+        role_classes={"critic": "polyrl_algo_ppo.critic:CriticRole"},
+        config_defaults={"algorithm.adv_estimator": "gae"},
+        config_check="polyrl_algo_ppo.checks:check_config",
+    )
+
+
+@hookimpl
+def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
+    yield AdvantageEstimatorSpec(
+        name="gae",
+        description="GAE: TD residuals of the critic's values discounted by gamma * lam, "
+        "whitened over the batch; returns = advantages + values",
+        fn="polyrl_algo_ppo.gae:gae_advantage",
+        requires=("token_level_rewards", "values", "response_mask"),
+    )
