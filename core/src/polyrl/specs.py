@@ -236,6 +236,9 @@ class AlgorithmSpec(_Spec):
     ``role_classes`` supplies the worker-side class (a :class:`polyrl.workers.roles.Role`
     subclass or import string) of any role beyond core's ``actor``, ``ref``, ``rollout`` and
     ``reward_model``.
+    ``owned_keys`` are config keys (or groups) only this algorithm reads, such as DAPO's
+    ``algorithm.filter_groups``: setting one while another algorithm is selected is refused by
+    ``polyrl validate`` instead of being silently ignored.
     ``config_defaults`` maps dotted config keys to values merged when the config is composed:
     above the schema's defaults, below the recipe and the command line, and shown by
     ``polyrl config``.
@@ -256,6 +259,7 @@ class AlgorithmSpec(_Spec):
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     config_class: type | str | None = None
     data: Callable[..., Any] | str | None = None
+    owned_keys: tuple[str, ...] = ()
 
     def capability_flags(self) -> dict[str, Any]:
         flags: dict[str, Any] = {"roles": list(self.roles), "estimators": list(self.estimators)}

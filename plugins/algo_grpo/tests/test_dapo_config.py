@@ -76,3 +76,22 @@ def test_bad_settings_are_one_line_each(overrides, expected):
 
 def test_recipe_dapo_is_valid():
     assert validate_config(load_config(["recipe=dapo"])) == []
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "algorithm.filter_groups.enable=true",
+        "data.gen_batch_size=16",
+        "reward_model.overlong_buffer.enable=true",
+    ],
+)
+def test_dapo_keys_with_another_algorithm_are_refused_not_ignored(override):
+    problems = validate_config(load_config(["recipe=tiny", override]))
+    key = override.split("=")[0]
+    (line,) = [p for p in problems if p.startswith(key)]
+    assert "read only by the algorithm 'dapo'" in line and "algorithm.name=dapo" in line
+
+
+def test_an_interpolated_default_is_not_taken_for_a_change():
+    assert validate_config(load_config(["recipe=tiny", "data.train_batch_size=16"])) == []

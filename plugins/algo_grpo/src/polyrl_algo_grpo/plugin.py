@@ -53,6 +53,11 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
         },
         config_check="polyrl_algo_grpo.checks:check_dapo_config",
+        owned_keys=(
+            "algorithm.filter_groups",
+            "data.gen_batch_size",
+            "reward_model.overlong_buffer",
+        ),
     )
 
 

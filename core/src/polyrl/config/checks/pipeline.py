@@ -127,7 +127,50 @@ def check_step(
             checker.add(f"{owner}: {problem}")
     roles = pipeline.roles() if pipeline is not None else tuple(algorithm.spec.roles)
     _check_switched_roles(checker, algorithm, roles)
+    _check_keys_of_other_algorithms(checker, algorithm)
     return pipeline
+
+
+def _check_keys_of_other_algorithms(checker: Checker, algorithm: Registration) -> None:
+    """A key that only another algorithm reads (DAPO's ``algorithm.filter_groups.enable``),
+    changed from its default, would be silently ignored by the selected one."""
+    from omegaconf import OmegaConf
+
+    from polyrl.config.schema import PolyrlConfig
+
+    defaults = OmegaConf.structured(PolyrlConfig)
+    for other in checker.registry.all(PluginKind.ALGORITHM):
+        if other.name == algorithm.name or other.spec.pipeline == algorithm.spec.pipeline:
+            continue
+        for key in other.spec.owned_keys:
+            for leaf, value in _leaves(OmegaConf.select(checker.cfg, key), key).items():
+                if value != _default_of(defaults, checker.cfg, leaf):
+                    checker.add(
+                        f"{leaf}={value!r} is read only by the algorithm {other.name!r} "
+                        f"({_package(other)}), but {algorithm.name!r} is selected and would "
+                        f"ignore it: select it with algorithm.name={other.name} or drop the key"
+                    )
+
+
+def _leaves(node: Any, key: str) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        return {key: node}
+    container = OmegaConf.to_container(node, resolve=True)
+    return {f"{key}.{name}": value for name, value in container.items()}
+
+
+def _default_of(defaults: Any, cfg: Any, key: str) -> Any:
+    """The schema's default of ``key``; an interpolated default (``${data.train_batch_size}``)
+    is resolved against the run's config, since that is what the key would be if left alone."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    raw = OmegaConf.to_container(OmegaConf.select(defaults, parent), resolve=False)[leaf]
+    if isinstance(raw, str) and raw.startswith("${") and raw.endswith("}"):
+        return OmegaConf.select(cfg, raw[2:-1])
+    return raw
 
 
 def _check_switched_roles(
