@@ -136,6 +136,15 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
         assert x["critic/score/mean"] == y["critic/score/mean"]
     assert all(r["actor/optimizer_steps"] == 4 for r in straight_records)
 
+    # Resuming that run with another rollout.n would be another experiment: refused, before Ray.
+    cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *steps,
+           f"trainer.default_local_dir={resumed}", "trainer.total_training_steps=5",
+           "actor_rollout_ref.rollout.n=8"]  # fmt: skip
+    changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert changed.returncode == 2, changed.stderr[-2000:]
+    assert "actor_rollout_ref.rollout.n: 4 -> 8 (run-defining)" in changed.stderr
+    assert "Started a local Ray instance" not in changed.stderr
+
 
 def test_reference_on_its_own_pool_trains_like_the_colocated_one(tmp_path: Path) -> None:
     """Placement is config: the reference role on a separate 1-worker pool gives the same run

@@ -223,31 +223,81 @@ def tiny_digits_rows(*, size: int, seed: int, split: str) -> list[dict[str, Any]
     return rows
 
 
-def write_tiny_digits(
-    out_dir: str | Path, *, train_size: int = 256, val_size: int = 32, seed: int = 1
+def tiny_digit_pairs_rows(*, size: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """Preference pairs on the tiny task's prompts (``prompt`` messages, ``chosen`` and
+    ``rejected`` texts): the chosen response repeats the digit the prompt names, the rejected one
+    another digit, as many times. The tiny task's scorer gives them 1.0 and 0.5, so the
+    preference is checkable, and learning it needs reading the prompt."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(size):
+        digit = rng.randrange(10)
+        other = (digit + rng.randrange(1, 10)) % 10
+        repeats = rng.randint(3, 8)
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "user", "content": rng.choice(_TINY_TEMPLATES).format(d=digit)}
+                ],
+                "chosen": str(digit) * repeats,
+                "rejected": str(other) * repeats,
+            }
+        )
+    return rows
+
+
+def _write_tiny_splits(
+    rows_of: Callable[..., list[dict[str, Any]]],
+    out_dir: str | Path,
+    train_size: int,
+    val_size: int,
+    seed: int,
 ) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` of the tiny synthetic task into ``out_dir``."""
     sizes = {"train": train_size, "val": val_size}
     return {
         split: write_parquet(
-            tiny_digits_rows(size=sizes[split], seed=seed * 2 + offset, split=split),
+            rows_of(size=sizes[split], seed=seed * 2 + offset, split=split),
             Path(out_dir) / f"{split}.parquet",
         )
         for offset, split in enumerate(SPLITS)
     }
 
 
+def write_tiny_digits(
+    out_dir: str | Path, *, train_size: int = 256, val_size: int = 32, seed: int = 1
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of the tiny synthetic task into ``out_dir``."""
+    return _write_tiny_splits(tiny_digits_rows, out_dir, train_size, val_size, seed)
+
+
+def write_tiny_digit_pairs(
+    out_dir: str | Path, *, train_size: int = 256, val_size: int = 32, seed: int = 1
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of the tiny task's preference pairs."""
+    return _write_tiny_splits(tiny_digit_pairs_rows, out_dir, train_size, val_size, seed)
+
+
 # ---- registry of generators (for builtin: sources and the CLI) ----------------------------------
-def _gen_tiny_digits(out_dir: Path, params: dict[str, Any], task: str | None) -> dict[str, Path]:
+def _tiny_options(name: str, params: dict[str, Any], task: str | None) -> dict[str, int]:
     if task:
-        raise DataError(f"builtin:tiny_digits takes no task, got 'tiny_digits/{task}'")
+        raise DataError(f"builtin:{name} takes no task, got '{name}/{task}'")
     known = {"train_size", "val_size", "seed"}
     unknown = set(params) - known
     if unknown:
         raise DataError(
-            f"builtin:tiny_digits: unknown option(s) {sorted(unknown)}; it takes {sorted(known)}"
+            f"builtin:{name}: unknown option(s) {sorted(unknown)}; it takes {sorted(known)}"
         )
-    return write_tiny_digits(out_dir, **{k: int(v) for k, v in params.items()})
+    return {k: int(v) for k, v in params.items()}
+
+
+def _gen_tiny_digits(out_dir: Path, params: dict[str, Any], task: str | None) -> dict[str, Path]:
+    return write_tiny_digits(out_dir, **_tiny_options("tiny_digits", params, task))
+
+
+def _gen_tiny_digit_pairs(
+    out_dir: Path, params: dict[str, Any], task: str | None
+) -> dict[str, Path]:
+    return write_tiny_digit_pairs(out_dir, **_tiny_options("tiny_digit_pairs", params, task))
 
 
 def _gen_reasoning_gym(out_dir: Path, params: dict[str, Any], task: str | None) -> dict[str, Path]:
@@ -270,6 +320,7 @@ def _gen_reasoning_gym(out_dir: Path, params: dict[str, Any], task: str | None) 
 
 GENERATORS: dict[str, Callable[[Path, dict[str, Any], str | None], dict[str, Path]]] = {
     "tiny_digits": _gen_tiny_digits,
+    "tiny_digit_pairs": _gen_tiny_digit_pairs,
     "reasoning_gym": _gen_reasoning_gym,
 }
 #: The optional libraries (keys of :data:`polyrl.preflight.CORE_EXTRAS`) each generator needs, to

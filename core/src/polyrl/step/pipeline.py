@@ -83,9 +83,17 @@ class Stage:
 
 
 class StepPipeline:
-    """An ordered list of uniquely named stages with editing operations."""
+    """An ordered list of uniquely named stages with editing operations.
 
-    def __init__(self, stages: Iterable[Stage]) -> None:
+    ``initial_keys`` are the batch keys each step starts with: the data loader's prompt batch by
+    default; an algorithm that brings its own data (``AlgorithmSpec.data``: preference pairs for
+    offline DPO) names the keys of its batches, and the chain check starts from them.
+    """
+
+    def __init__(
+        self, stages: Iterable[Stage], *, initial_keys: Iterable[str] = PROMPT_BATCH_KEYS
+    ) -> None:
+        self.initial_keys = tuple(initial_keys)
         self.stages: list[Stage] = []
         for stage in stages:
             self._add(len(self.stages), stage)
@@ -140,10 +148,11 @@ class StepPipeline:
             seen.update(dict.fromkeys(stage.roles))
         return tuple(seen)
 
-    def check(self, initial_keys: Iterable[str] = PROMPT_BATCH_KEYS) -> list[str]:
-        """One line per batch key a stage requires that neither ``initial_keys`` (the data
-        loader's) nor an earlier stage provides."""
-        available = set(initial_keys)
+    def check(self, initial_keys: Iterable[str] | None = None) -> list[str]:
+        """One line per batch key a stage requires that neither ``initial_keys`` (default: the
+        pipeline's own, those of the batches its data loader makes) nor an earlier stage
+        provides."""
+        available = set(self.initial_keys if initial_keys is None else initial_keys)
         problems = []
         for position, stage in enumerate(self.stages):
             for key in stage.requires:

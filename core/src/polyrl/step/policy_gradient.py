@@ -1,10 +1,11 @@
 """The standard policy-gradient step, shared by the critic-free algorithms (GRPO, Dr.GRPO,
 RLOO, and any estimator plugin without an algorithm of its own)::
 
-    gen -> reward -> old_log_prob -> [ref] -> [kl_in_reward] -> adv -> update_actor
-        -> update_weights
+    gen -> reward -> [reward_model] -> old_log_prob -> [ref] -> [kl_in_reward] -> adv
+        -> update_actor -> update_weights
 
-The reference stage is present only when a KL term reads it (``actor.use_kl_loss`` or
+The reward model's stage is present when ``reward_model.enable`` is true. The reference
+stage is present only when a KL term reads it (``actor.use_kl_loss`` or
 ``algorithm.use_kl_in_reward``); the KL penalty in the reward only with
 ``algorithm.use_kl_in_reward``. Algorithms that need more start from this pipeline and edit it.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.step.pipeline import StepPipeline
+from polyrl.step.reward_model import RewardModelStage
 from polyrl.step.stages import (
     AdvantageStage,
     GenerateStage,
@@ -30,11 +32,10 @@ from polyrl.step.stages import (
 def policy_gradient_pipeline(cfg: Any) -> StepPipeline:
     """The step above for the composed config ``cfg``."""
     kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
-    stages: list[Stage] = [
-        GenerateStage(cfg),
-        RewardStage(cfg),
-        OldLogProbStage(needed_before_update=kl_in_reward),
-    ]
+    stages: list[Stage] = [GenerateStage(cfg), RewardStage(cfg)]
+    if cfg.reward_model.enable:
+        stages.append(RewardModelStage(cfg))
+    stages.append(OldLogProbStage(needed_before_update=kl_in_reward))
     if kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss:
         stages.append(RefLogProbStage())
     if kl_in_reward:

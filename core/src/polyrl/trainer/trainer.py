@@ -12,18 +12,28 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from polyrl.batch import Batch
-from polyrl.checkpoint import CheckpointManager, load_driver_state, save_driver_state
+from polyrl.checkpoint import (
+    CheckpointManager,
+    RunLock,
+    config_changes,
+    load_driver_state,
+    save_driver_state,
+)
 from polyrl.config import to_container
+from polyrl.data.training import TrainingData
+from polyrl.errors import ConfigError
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
 from polyrl.registry import get_registry
-from polyrl.specs import PluginKind
+from polyrl.specs import PluginKind, resolve_object
 from polyrl.step.algorithm import build_pipeline, select_algorithm
 from polyrl.step.context import StepContext
 from polyrl.step.pipeline import StepState
@@ -31,6 +41,9 @@ from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import data_metrics, timing_and_throughput
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray
+
+if TYPE_CHECKING:
+    from polyrl.data.dataset import RLDataset
 
 
 @dataclass
@@ -59,23 +72,82 @@ def pad_rows_to_multiple(batch: Batch, multiple: int) -> Batch:
     return Batch.concat([batch, batch.select_rows([len(batch) - 1] * missing)])
 
 
+def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
+    """verl-format prompts of ``data.train_files`` in batches of ``data.train_batch_size``,
+    validated by generation on ``data.val_files`` (the data of every algorithm that brings none
+    of its own, see ``AlgorithmSpec.data``)."""
+    from polyrl.data.dataset import RLDataset
+    from polyrl.data.loader import PromptLoader
+    from polyrl.data.sources import resolve_data_files
+
+    train_set = RLDataset(resolve_data_files(cfg.data.train_files, "train"), tokenizer, cfg.data)
+    loader = PromptLoader(
+        train_set,
+        int(cfg.data.train_batch_size),
+        shuffle=bool(cfg.data.shuffle),
+        seed=int(cfg.data.seed),
+    )
+    if not cfg.data.val_files:
+        return TrainingData(loader)
+    val_set = RLDataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
+    return TrainingData(loader, partial(validate_by_generation, val_set))
+
+
+def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, float]:
+    """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source."""
+    from polyrl.data.dataset import collate
+
+    val = ctx.cfg.actor_rollout_ref.rollout.val_kwargs
+    params = SamplingParams(
+        n=int(val.n),
+        temperature=float(val.temperature) or 1.0,
+        top_p=float(val.top_p),
+        top_k=int(val.top_k),
+        max_new_tokens=int(ctx.cfg.data.max_response_length),
+        greedy=not val.do_sample,
+        seed=int(ctx.cfg.trainer.seed),
+    )
+    size = int(ctx.cfg.data.val_batch_size or len(val_set))
+    scores: dict[str, list[float]] = {}
+    lengths: list[float] = []
+    for start in range(0, len(val_set), size):
+        items = [val_set[i] for i in range(start, min(start + size, len(val_set)))]
+        prompts = collate(items, ctx.tokenizer.pad_token_id)
+        padded = pad_rows_to_multiple(prompts, ctx.workers.dp_size("rollout"))
+        out = generate(ctx, padded, params).slice(0, len(prompts) * params.n)
+        token_scores, _ = score_responses(ctx, out)
+        for source, score in zip(out["data_source"], token_scores.sum(-1).tolist()):
+            scores.setdefault(str(source), []).append(score)
+        lengths += out["response_mask"].sum(-1).float().tolist()
+    metrics = {
+        f"val-core/{source}/reward/mean@{params.n}": float(np.mean(values))
+        for source, values in scores.items()
+    }
+    metrics["val-aux/response_length/mean"] = float(np.mean(lengths))
+    return metrics
+
+
 class RLTrainer:
     """Builds every part named in the config and drives training."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        from transformers import AutoTokenizer
-
-        from polyrl.data.dataset import RLDataset
-        from polyrl.data.loader import PromptLoader
-        from polyrl.data.sources import resolve_data_files
-        from polyrl.models.resolve import resolve_model_path
-
         self.cfg = cfg
-        registry = get_registry()
         self.world_size = world_size_of(cfg)
         self.output_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
-        os.makedirs(self.output_dir, exist_ok=True)
+        self.lock = RunLock(self.output_dir)  # a second run into this folder is refused
+        self.lock.acquire()
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.lock.release()
+            raise
 
+    def _build(self, cfg: DictConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from polyrl.models.resolve import resolve_model_path
+
+        registry = get_registry()
         model_cfg = cfg.actor_rollout_ref.model
         self.model_path = resolve_model_path(str(model_cfg.path))
         tokenizer_path = resolve_model_path(str(model_cfg.tokenizer_path or model_cfg.path))
@@ -83,20 +155,10 @@ class RLTrainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
-        self.train_set = RLDataset(
-            resolve_data_files(cfg.data.train_files, "train"), self.tokenizer, cfg.data
-        )
-        self.loader = PromptLoader(
-            self.train_set,
-            int(cfg.data.train_batch_size),
-            shuffle=bool(cfg.data.shuffle),
-            seed=int(cfg.data.seed),
-        )
-        self.val_set = (
-            RLDataset(resolve_data_files(cfg.data.val_files, "val"), self.tokenizer, cfg.data)
-            if cfg.data.val_files
-            else None
-        )
+        algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator))
+        build_data = resolve_object(algorithm.spec.data) if algorithm.spec.data else prompt_data
+        self.data: TrainingData = build_data(cfg, self.tokenizer)
+        self.loader = self.data.loader
         self.total_steps = int(
             cfg.trainer.total_training_steps or len(self.loader) * int(cfg.trainer.total_epochs)
         )
@@ -105,12 +167,14 @@ class RLTrainer:
         self.reward = reward_cls(
             RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
         )
-        algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator))
         self.pipeline = build_pipeline(cfg)
 
         self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
         self.checkpoints.clean_stale()
         self.resume_from = self.checkpoints.resolve_resume(cfg.trainer)
+        if self.resume_from:
+            self.checkpoints.adopt_run(self.resume_from)
+            self._check_resume_config(self.resume_from)
 
         device = str(cfg.trainer.device)
         ensure_ray(
@@ -153,39 +217,8 @@ class RLTrainer:
 
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source."""
-        from polyrl.data.dataset import collate
-
-        if self.val_set is None:
-            return {}
-        val = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        params = SamplingParams(
-            n=int(val.n),
-            temperature=float(val.temperature) or 1.0,
-            top_p=float(val.top_p),
-            top_k=int(val.top_k),
-            max_new_tokens=int(self.cfg.data.max_response_length),
-            greedy=not val.do_sample,
-            seed=int(self.cfg.trainer.seed),
-        )
-        size = int(self.cfg.data.val_batch_size or len(self.val_set))
-        scores: dict[str, list[float]] = {}
-        lengths: list[float] = []
-        for start in range(0, len(self.val_set), size):
-            items = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
-            prompts = collate(items, self.tokenizer.pad_token_id)
-            padded = pad_rows_to_multiple(prompts, self.workers.dp_size("rollout"))
-            out = generate(self.context, padded, params).slice(0, len(prompts) * params.n)
-            token_scores, _ = score_responses(self.context, out)
-            for source, score in zip(out["data_source"], token_scores.sum(-1).tolist()):
-                scores.setdefault(str(source), []).append(score)
-            lengths += out["response_mask"].sum(-1).float().tolist()
-        metrics = {
-            f"val-core/{source}/reward/mean@{params.n}": float(np.mean(values))
-            for source, values in scores.items()
-        }
-        metrics["val-aux/response_length/mean"] = float(np.mean(lengths))
-        return metrics
+        """The run's validation (:attr:`TrainingData.validate`); none gives no metrics."""
+        return self.data.validate(self.context) if self.data.validate else {}
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, step: int) -> str:
@@ -201,6 +234,21 @@ class RLTrainer:
             },
         )
         return self.checkpoints.commit(step, staging)
+
+    def _check_resume_config(self, checkpoint: str) -> None:
+        """Report what changed since the checkpoint's run; refuse run-defining changes (another
+        model, algorithm, n, batch or data) unless ``trainer.resume_allow_changes``."""
+        saved = load_driver_state(checkpoint, restore_rng=False).get("config") or {}
+        changes = config_changes(saved, to_container(self.cfg))
+        defining = [c for c in changes if c.endswith("(run-defining)")]
+        if defining and not self.cfg.trainer.resume_allow_changes:
+            raise ConfigError(
+                f"resuming {checkpoint} with settings that define another run: "
+                f"{'; '.join(defining)}. Resume with the checkpoint's settings, train into another "
+                f"trainer.default_local_dir, or set trainer.resume_allow_changes=true"
+            )
+        if changes:
+            print(f"polyrl: resuming with changed settings: {'; '.join(changes)}", file=sys.stderr)
 
     def _resume(self) -> int:
         if not self.resume_from:
@@ -239,7 +287,7 @@ class RLTrainer:
         val_after: dict[str, float] = {}
         last_checkpoint = self.resume_from
         with LoggerGroup.from_names(cfg.logger, logger_ctx) as loggers:
-            if cfg.val_before_train and start_step == 0 and self.val_set is not None:
+            if cfg.val_before_train and start_step == 0 and self.data.validate is not None:
                 val_before = self.validate()
                 print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
             # The first step's record also carries the validation before training (unless that
@@ -297,8 +345,11 @@ class RLTrainer:
             return None
 
     def close(self) -> None:
-        self.workers.shutdown()
-        self.reward.close()
+        try:
+            self.workers.shutdown()
+            self.reward.close()
+        finally:
+            self.lock.release()
 
 
 def config_summary(cfg: DictConfig) -> str:

@@ -10,6 +10,7 @@ CORE_ROLES = {
     "actor": "polyrl.workers.roles.actor:ActorRole",
     "ref": "polyrl.workers.roles.ref:RefRole",
     "rollout": "polyrl.workers.roles.rollout:RolloutRole",
+    "reward_model": "polyrl.workers.roles.reward_model:RewardModelRole",
 }
 
 __all__ = ["CORE_ROLES", "Role", "RoleContext"]

@@ -1,0 +1,48 @@
+"""What a run trains and validates on: the loader of the batches each step starts from, and the
+validation the trainer runs every ``trainer.test_freq`` steps.
+
+By default these are verl-format prompts and validation by generation and reward (built by the
+trainer). An algorithm whose step starts from something else (offline DPO: preference pairs)
+returns its own :class:`TrainingData` from ``AlgorithmSpec.data``; the training loop, the
+checkpoints and the loggers stay the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+    from polyrl.step.context import StepContext
+
+
+class BatchLoader(Protocol):
+    """Batches epoch after epoch, resumable to the exact batch
+    (:class:`polyrl.data.loader.PromptLoader` is one). ``len()`` is the number of batches per
+    epoch, ``epoch`` the current one; ``next_batch(count)`` draws ``count`` items (default: the
+    batch size) from the same stream; ``state_dict()`` goes into every checkpoint."""
+
+    epoch: int
+
+    def __len__(self) -> int: ...
+
+    def next_batch(self, count: int | None = None) -> Batch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+#: ``validate(ctx) -> metrics``: runs on the driver with the step's context (workers, tokenizer,
+#: reward); metrics named ``val-core/...`` (headline figures) and ``val-aux/...``.
+Validation = Callable[["StepContext"], dict[str, float]]
+
+
+@dataclass
+class TrainingData:
+    """The training batches (``loader``) and the validation (None: the run has none)."""
+
+    loader: BatchLoader
+    validate: Validation | None = None

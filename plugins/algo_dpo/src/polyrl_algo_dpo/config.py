@@ -1,0 +1,108 @@
+"""The algorithm's settings (``plugins.dpo.*``), its config defaults, and the check that a run
+config can train on pairs. Light on purpose (no torch): ``polyrl validate`` imports it.
+
+A batch of pairs is two rows per prompt (chosen, rejected: :mod:`polyrl.data.preference`), so
+the batch arithmetic of a policy-gradient run carries over with ``rollout.n = 2``; what DPO
+needs beyond it is that nothing separates the two rows of a pair before the loss sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from polyrl.config.checks.checker import get
+from polyrl.config.checks.data import preference_file_problems
+from polyrl.config.keys import plugin_settings
+from polyrl.errors import ConfigError
+
+ACTOR = "actor_rollout_ref.actor"
+#: ``actor_rollout_ref.actor.policy_loss.loss_mode`` -> TRL's ``loss_type``.
+LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
+#: Each pair's loss is spread over its tokens so that this aggregation averages it over pairs.
+PAIR_MEAN_AGGREGATION = "seq-mean-token-mean"
+
+CONFIG_DEFAULTS = {
+    f"{ACTOR}.policy_loss.loss_mode": "dpo",
+    f"{ACTOR}.loss_agg_mode": PAIR_MEAN_AGGREGATION,
+    # One optimizer step per batch of pairs, as TRL's DPOTrainer takes.
+    f"{ACTOR}.ppo_mini_batch_size": "${data.train_batch_size}",
+    # Two responses per prompt: the batch arithmetic of every check holds for pairs.
+    "actor_rollout_ref.rollout.n": 2,
+}
+
+
+@dataclass
+class DPOSettings:
+    # The strength of the implicit KL to the reference (TRL's beta): DPO's logits are
+    # beta x (log-ratio margin); IPO's target margin is 1 / (2 beta).
+    beta: float = 0.1
+
+
+def dpo_settings(node: Any) -> DPOSettings:
+    """``plugins.dpo`` of the config that ``node`` belongs to."""
+    return plugin_settings(node, "dpo", DPOSettings)
+
+
+def check_config(cfg: Any) -> list[str]:
+    """One line per setting that would break training on pairs."""
+    problems = [*_loss_problems(cfg), *_pairing_problems(cfg), *preference_file_problems(cfg)]
+    try:
+        beta = dpo_settings(cfg).beta
+    except ConfigError as exc:
+        return [*problems, str(exc)]
+    if not beta > 0:
+        problems.append(f"plugins.dpo.beta={beta} must be > 0 (TRL's default is 0.1)")
+    return problems
+
+
+def _loss_problems(cfg: Any) -> list[str]:
+    problems = []
+    mode = get(cfg, f"{ACTOR}.policy_loss.loss_mode")
+    if mode not in LOSS_TYPES:
+        problems.append(
+            f"{ACTOR}.policy_loss.loss_mode={mode!r}: algorithm dpo trains with a preference "
+            f"loss, {' or '.join(LOSS_TYPES)}"
+        )
+    agg = get(cfg, f"{ACTOR}.loss_agg_mode")
+    if agg != PAIR_MEAN_AGGREGATION:
+        problems.append(
+            f"{ACTOR}.loss_agg_mode={agg!r}: a preference loss is one value per pair; "
+            f"{PAIR_MEAN_AGGREGATION} averages it over pairs (other modes weight pairs by length)"
+        )
+    temperature = get(cfg, "actor_rollout_ref.rollout.temperature")
+    if temperature != 1.0:
+        problems.append(
+            f"actor_rollout_ref.rollout.temperature={temperature}: the actor and the reference "
+            "score pairs at that temperature, and DPO compares the models' own log-probs: set 1.0"
+        )
+    return problems
+
+
+def _pairing_problems(cfg: Any) -> list[str]:
+    problems = []
+    if get(cfg, "actor_rollout_ref.rollout.n") != 2:
+        problems.append(
+            "actor_rollout_ref.rollout.n must be 2 for dpo: a pair is a prompt with two "
+            "responses (chosen, rejected), and the batch arithmetic counts rows by it"
+        )
+    train, mini = get(cfg, "data.train_batch_size"), get(cfg, f"{ACTOR}.ppo_mini_batch_size")
+    if mini != train or get(cfg, f"{ACTOR}.ppo_epochs") != 1:
+        problems.append(
+            f"dpo takes one optimizer step per batch of pairs: set {ACTOR}.ppo_mini_batch_size "
+            f"to data.train_batch_size ({train}, got {mini}) and {ACTOR}.ppo_epochs=1"
+        )
+    if get(cfg, f"{ACTOR}.shuffle") is True:
+        problems.append(f"{ACTOR}.shuffle=true would separate the two rows of a pair: set false")
+    if get(cfg, f"{ACTOR}.use_dynamic_bsz") is True:
+        problems.append(
+            f"{ACTOR}.use_dynamic_bsz=true groups rows by length, which separates the rows of a "
+            "pair: set false and size micro-batches with ppo_micro_batch_size_per_gpu"
+        )
+    micro = get(cfg, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    if isinstance(micro, int) and micro % 2:
+        problems.append(
+            f"{ACTOR}.ppo_micro_batch_size_per_gpu={micro} must be even: a micro-batch holds "
+            "whole pairs (two rows each)"
+        )
+    return problems
