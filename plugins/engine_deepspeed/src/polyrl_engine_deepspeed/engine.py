@@ -1,0 +1,338 @@
+"""The DeepSpeed training engine: one data-parallel rank of a ZeRO-partitioned HF causal LM.
+
+Read ``polyrl.interfaces.training_engine`` for the contract. The engine trains like the FSDP
+engine, step for step: the same keys (``actor_rollout_ref.model.*`` and the role's node), the
+same micro-batches (by count or token budget, the same number on every rank), the same float32
+scoring of response-only logits, torch's AdamW and polyrl's LR schedule, a step with a
+non-finite grad norm skipped. DeepSpeed partitions optimizer state (ZeRO-1), gradients
+(ZeRO-2) and parameters (ZeRO-3), offloads to CPU when asked, and keeps fp32 master weights
+under bf16/fp16. Its own settings are ``plugins.deepspeed.*`` (:mod:`.settings`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+from deepspeed.utils import safe_get_full_fp32_param
+
+from polyrl.batch import Batch
+from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
+from polyrl_engine_deepspeed import checkpoint as ds_ckpt
+from polyrl_engine_deepspeed.ds_config import deepspeed_config
+from polyrl_engine_deepspeed.scoring import (
+    MODEL_KEYS,
+    accepts_logits_to_keep,
+    check_batch,
+    dummy_logits,
+    response_log_probs,
+    response_mask,
+)
+from polyrl_engine_deepspeed.settings import deepspeed_settings
+from polyrl_engine_fsdp.checkpoint import rng_state, set_rng_state, write_hf_folder
+from polyrl_engine_fsdp.config import resolve_settings
+from polyrl_engine_fsdp.engine import EngineUsageError, seed_everything
+from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.microbatch import (
+    equalize_count,
+    fixed_partition,
+    row_lengths,
+    token_budget_partition,
+)
+from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
+from polyrl_engine_fsdp.schedule import build_scheduler
+
+
+def _device(name: str) -> torch.device:
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise EngineUsageError("trainer.device=cuda but torch sees no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
+    if name != "cpu":
+        raise EngineUsageError(f"device {name!r} is not supported by DeepSpeed here: cpu or cuda")
+    return torch.device("cpu")
+
+
+def _join_process_group(ctx: EngineContext, device: torch.device) -> None:
+    """DeepSpeed on the worker's default process group (a lone process gets a 1-rank group).
+
+    ``deepspeed.init_distributed`` adopts an initialised group instead of making one; DeepSpeed
+    reads ``LOCAL_RANK`` from the environment, which the polyrl worker sets (and which is 0 for
+    a lone process).
+    """
+    if not dist.is_initialized():
+        if ctx.world_size != 1:
+            raise EngineUsageError(
+                f"torch.distributed is not initialised but world_size={ctx.world_size}; the "
+                f"worker must call torch.distributed.init_process_group before building the engine"
+            )
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if dist.get_world_size() != ctx.world_size or dist.get_rank() != ctx.rank:
+        raise EngineUsageError(
+            f"EngineContext says rank {ctx.rank} of {ctx.world_size} but the default process "
+            f"group is rank {dist.get_rank()} of {dist.get_world_size()}"
+        )
+    if ctx.world_size == 1:
+        os.environ.setdefault("LOCAL_RANK", "0")
+    elif "LOCAL_RANK" not in os.environ:
+        raise EngineUsageError(
+            "DeepSpeed needs LOCAL_RANK (this process's device index on its node) in the "
+            "environment; the polyrl worker sets it, a custom launcher must too"
+        )
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+
+
+class DeepSpeedEngine(TrainingEngine):
+    """DeepSpeed ZeRO engine for ``actor`` (trainable) and ``ref`` (frozen) roles."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        self.settings = resolve_settings(
+            ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
+        )
+        self.zero = deepspeed_settings(ctx.model)
+        self.device = _device(ctx.device)
+        _join_process_group(ctx, self.device)
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        seed_everything(ctx.seed)
+        self.trainable = bool(ctx.trainable) and ctx.role != "ref"
+        model = load_hf_model(ctx.model_path, self.settings, self.device)
+        self.hf_config = model.config
+        self._logits_to_keep = accepts_logits_to_keep(model)
+        optim = self.settings.optim
+        optimizer = None
+        if self.trainable:
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+            )
+        else:
+            model.requires_grad_(False)
+        config = deepspeed_config(
+            self.zero,
+            dtype=self.settings.dtype,
+            clip_grad=optim.clip_grad,
+            on_cuda=self.device.type == "cuda",
+            trainable=self.trainable,
+        )
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=config, dist_init_required=False
+        )
+        # polyrl's schedule on the client optimizer, whose param groups ZeRO keeps (it swaps
+        # their tensors for its fp32 partitions); stepped once per optimizer step, skipped or not.
+        self.optimizer = optimizer
+        self.scheduler = None if optimizer is None else build_scheduler(optimizer, optim)
+        self.engine.train(self.trainable)
+        self.global_step = 0
+        self.metric_prefix = "critic" if ctx.role == "critic" else "actor"
+
+    # ---- micro-batching -----------------------------------------------------------------------
+    def _micro_batches(self, batch: Batch, training: bool) -> tuple[list[list[int]], int]:
+        """Row groups for this rank and the number of dummy passes to match the other ranks:
+        ZeRO-3 gathers parameters in every forward and ZeRO-2/3 reduce gradients in every
+        backward, collectives that every rank must join."""
+        s = self.settings
+        if s.use_dynamic_bsz:
+            budget = s.max_token_len if training else s.log_prob_max_token_len
+            key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
+            lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
+            groups = token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
+        else:
+            size = s.micro_batch_size if training else s.log_prob_micro_batch_size
+            groups = fixed_partition(len(batch), size)
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        count = torch.tensor([len(groups)], dtype=torch.long, device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return equalize_count(groups, int(count.item()))
+
+    def _score(
+        self, micro: Batch, temperature: float, entropy: EntropyMode
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_log_probs(
+            self.engine,
+            micro,
+            self.device,
+            temperature=temperature,
+            entropy=entropy,
+            logits_to_keep=self._logits_to_keep,
+        )
+
+    # ---- TrainingEngine -----------------------------------------------------------------------
+    def compute_log_prob(
+        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_batch(batch)
+        groups, dummies = self._micro_batches(batch, training=False)
+        rows, width = batch["responses"].shape
+        log_probs = torch.zeros((rows, width), dtype=torch.float32)
+        entropies = torch.zeros((rows, width), dtype=torch.float32) if calculate_entropy else None
+        mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                for group in groups:
+                    index = torch.tensor(group, dtype=torch.long)
+                    micro = batch.select_keys(MODEL_KEYS).select_rows(index)
+                    log_prob, ent = self._score(micro, temperature, mode)
+                    log_probs[index] = log_prob.float().cpu()
+                    if entropies is not None and ent is not None:
+                        entropies[index] = ent.float().cpu()
+                for _ in range(dummies):
+                    dummy_logits(self.engine, self.device)
+        finally:
+            self.engine.train(was_training)
+        return log_probs, entropies
+
+    def train_step(
+        self, mini_batch: Batch, loss_fn: MicroBatchLossFn, *, temperature: float = 1.0
+    ) -> dict[str, float]:
+        """One optimizer step. Each micro-batch reaches ``loss_fn`` on the engine's device with
+        ``meta`` keys ``mini_batch_rows``, ``mini_batch_response_tokens`` (this rank's) and
+        ``num_micro_batches``; DeepSpeed accumulates the gradients of all of them until the
+        step (``managed_gradient_accumulation: false``), without rescaling the losses."""
+        if self.optimizer is None or self.scheduler is None:
+            raise EngineUsageError(
+                f"train_step called on a non-trainable engine (role {self.ctx.role!r}); "
+                f"only the actor role trains"
+            )
+        check_batch(mini_batch)
+        groups, dummies = self._micro_batches(mini_batch, training=True)
+        entropy_mode = (
+            EntropyMode.GRAD if self.settings.entropy_coeff != 0 else EntropyMode.DETACHED
+        )
+        meta = {
+            "mini_batch_rows": len(mini_batch),
+            "mini_batch_response_tokens": float(response_mask(mini_batch).sum()),
+            "num_micro_batches": len(groups),
+        }
+        self.engine.train()
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        entropy_sum, entropy_tokens = 0.0, 0.0
+        for group in groups:
+            micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(self.device)
+            micro.meta.update(meta)
+            log_prob, ent = self._score(micro, temperature, entropy_mode)
+            passed = ent if entropy_mode == EntropyMode.GRAD else None
+            loss, metrics = loss_fn(micro, log_prob, passed)
+            self.engine.backward(loss)
+            for key, value in metrics.items():
+                sums[key] += float(value)
+                counts[key] += 1
+            if ent is not None:
+                mask = response_mask(micro).to(ent.dtype)
+                entropy_sum += float((ent.detach() * mask).sum())
+                entropy_tokens += float(mask.sum())
+        for _ in range(dummies):
+            self.engine.backward(dummy_logits(self.engine, self.device).float().sum() * 0.0)
+
+        grad_norm, lr, applied = self._optimizer_step()
+        result = {key: sums[key] / counts[key] for key in sums}
+        p = self.metric_prefix
+        if f"{p}/entropy" not in result and entropy_tokens > 0:
+            result[f"{p}/entropy"] = entropy_sum / entropy_tokens
+        result[f"{p}/grad_norm"] = grad_norm
+        result[f"{p}/lr"] = lr
+        if not applied:
+            result[f"{p}/skipped_step"] = 1.0
+        return result
+
+    def _optimizer_step(self) -> tuple[float, float, bool]:
+        """DeepSpeed's step (reduce, clip, AdamW; skipped on a non-finite grad norm), then the
+        schedule; returns the pre-clip grad norm, the lr this step used, whether it applied."""
+        assert self.optimizer is not None and self.scheduler is not None
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.engine.step()
+        applied = bool(self.engine.was_step_applied())
+        norm = self.engine.get_global_grad_norm()
+        grad_norm = float(norm) if applied and norm is not None else math.inf
+        with warnings.catch_warnings():
+            if not applied:  # torch warns when the schedule moves before any optimizer.step()
+                warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        self.global_step += 1
+        return grad_norm, lr, applied
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors under the HF ``state_dict()`` names, in its order, on the engine's
+        device: a trainable engine's float32 master weights (from ZeRO's partitions, which bf16
+        weights are rounded from; the FSDP engine streams its masters too), a frozen one's
+        weights as its forward uses them. One parameter at a time, collective; a tied weight is
+        gathered once and yielded under each name."""
+        state = self.engine.module.state_dict(keep_vars=True)
+        owners: dict[int, int] = defaultdict(int)
+        for tensor in state.values():
+            owners[id(tensor)] += 1
+        gathered: dict[int, torch.Tensor] = {}
+        for name, tensor in state.items():
+            key = id(tensor)
+            full = gathered.get(key)
+            if full is None:
+                full = self._full_tensor(tensor)
+                if owners[key] > 1:
+                    gathered[key] = full
+            owners[key] -= 1
+            if owners[key] == 0:
+                gathered.pop(key, None)
+            yield name, full
+            del full
+
+    def _full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` whole (collective): the fp32 master assembled from the ZeRO partitions of a
+        trainable engine; a frozen ZeRO-3 parameter gathered and copied out before DeepSpeed
+        frees the gathered buffer; anything else detached."""
+        if self.trainable:
+            master = safe_get_full_fp32_param(tensor)
+            if master is not None:
+                return master
+        if not hasattr(tensor, "ds_id"):
+            return tensor.detach()
+        with GatheredParameters([tensor], modifier_rank=None):
+            return tensor.detach().clone()
+
+    def save_checkpoint(self, path: str) -> None:
+        extra = {
+            "global_step": self.global_step,
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "rng": rng_state(self.device),
+            "layout": self._layout(),
+        }
+        ds_ckpt.save(path, self.engine, extra)
+
+    def load_checkpoint(self, path: str) -> None:
+        extra = ds_ckpt.load(path, self.engine, self._layout(), with_optimizer=self.trainable)
+        self.global_step = int(extra["global_step"])
+        if self.scheduler is not None and extra.get("scheduler") is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        set_rng_state(extra["rng"], self.device)
+        dist.barrier()
+
+    def _layout(self) -> dict[str, int]:
+        return {
+            "world_size": self.ctx.world_size,
+            "zero_stage": int(self.engine.zero_optimization_stage()),
+        }
+
+    def export_hf(self, path: str) -> None:
+        rank0 = dist.get_rank() == 0
+        state = {name: tensor.cpu() for name, tensor in self.named_weights() if rank0}
+        if rank0:
+            write_hf_folder(
+                path,
+                state,
+                self.hf_config,
+                torch_dtype(self.settings.dtype),
+                self.settings.tokenizer_path or self.ctx.model_path,
+                self.settings.trust_remote_code,
+            )
+        del state
+        dist.barrier()

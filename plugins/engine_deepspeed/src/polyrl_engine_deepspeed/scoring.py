@@ -1,0 +1,108 @@
+"""Scoring polyrl's batch layout with a Hugging Face causal LM, whatever wraps the model.
+
+Rows are ``[left-padded prompt | right-padded response]``. A micro-batch keeps only the columns
+that hold a real token in one of its rows, the model computes logits only at the response
+positions (``logits_to_keep``), and those are scored in float32 with polyrl-engine-fsdp's
+:func:`~polyrl_engine_fsdp.logprob.token_logprob_entropy`, so that this engine and the FSDP
+engine give the same numbers for the same weights. Nothing here depends on how the model is
+sharded: ``model`` is anything whose call runs the HF forward (a DeepSpeed engine here).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from polyrl.batch import Batch
+from polyrl.errors import PolyrlError
+from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
+from polyrl_engine_fsdp.microbatch import trim_columns
+
+REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class BatchLayoutError(PolyrlError):
+    """A batch does not have the ``[prompt | response]`` layout training engines read."""
+
+
+def check_batch(batch: Batch) -> None:
+    missing = [key for key in REQUIRED_KEYS if key not in batch]
+    if missing:
+        raise BatchLayoutError(
+            f"batch lacks {missing}; the engine needs input_ids [B, P+R], attention_mask "
+            f"[B, P+R] and responses [B, R] (position_ids optional)"
+        )
+    ids, mask, responses = batch["input_ids"], batch["attention_mask"], batch["responses"]
+    if ids.shape != mask.shape or ids.shape[1] <= responses.shape[1]:
+        raise BatchLayoutError(
+            f"input_ids {tuple(ids.shape)}, attention_mask {tuple(mask.shape)} and responses "
+            f"{tuple(responses.shape)} do not fit the layout [prompt | response]"
+        )
+
+
+def response_mask(batch: Batch) -> torch.Tensor:
+    """``response_mask`` when the batch has one, else the response part of the attention mask."""
+    if "response_mask" in batch:
+        return batch["response_mask"]
+    return batch["attention_mask"][:, -batch["responses"].shape[1] :]
+
+
+def accepts_logits_to_keep(hf_model: torch.nn.Module) -> bool:
+    """Whether the HF model's forward can compute logits for the last positions only."""
+    return "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
+
+
+def response_log_probs(
+    model: Any,
+    batch: Batch,
+    device: torch.device,
+    *,
+    temperature: float,
+    entropy: EntropyMode,
+    logits_to_keep: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
+    responses = batch["responses"].to(device)
+    response_width = responses.shape[1]
+    attention_mask = batch["attention_mask"].to(device)
+    position_ids = batch.get("position_ids")
+    trimmed = trim_columns(
+        batch["input_ids"].to(device),
+        attention_mask,
+        None if position_ids is None else position_ids.to(device),
+        responses,
+    )
+    kept = trimmed.kept_response
+    kwargs: dict[str, Any] = {
+        "input_ids": trimmed.input_ids,
+        "attention_mask": trimmed.attention_mask,
+        "position_ids": trimmed.position_ids,
+        "use_cache": False,
+    }
+    if logits_to_keep:
+        kwargs["logits_to_keep"] = kept + 1
+    logits = model(**kwargs).logits[:, -(kept + 1) : -1]
+    log_prob, ent = token_logprob_entropy(logits, trimmed.labels, temperature, entropy)
+    del logits
+    valid = attention_mask[:, -response_width:][:, :kept].to(log_prob.dtype)
+    pad = (0, response_width - kept)
+    log_prob = F.pad(log_prob * valid, pad)
+    if ent is not None:
+        ent = F.pad(ent * valid, pad)
+    return log_prob, ent
+
+
+def dummy_logits(model: Any, device: torch.device) -> torch.Tensor:
+    """Logits of a 2-token row: a pass that only joins the collectives of the other ranks (for
+    a rank with fewer micro-batches than they have)."""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+    return model(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(2, device=device).unsqueeze(0),
+        use_cache=False,
+    ).logits

@@ -1,0 +1,89 @@
+"""The Megatron engine's rules for a run config (``TrainingEngineSpec.config_check``).
+
+Light on purpose (no torch, no megatron): ``polyrl validate`` imports it. The parallel sizes are
+verl's keys ``actor_rollout_ref.actor.megatron.*``; the engine-neutral rules (micro-batch keys,
+AdamW betas) are polyrl-engine-fsdp's pure helpers, so the engines word them alike. Core refuses
+``trainer.device=cpu`` for this engine (its spec says CUDA only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyrl.config.checks import role_world
+from polyrl_engine_fsdp.checks import DTYPES, batch_problems, dtype_name, optim_problems
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+MEGATRON = f"{ACTOR}.megatron"
+DTYPES_SUPPORTED = ("bfloat16", "float32")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def parallel_problems(megatron: Any) -> list[str]:
+    """The tensor/pipeline-parallel sizes themselves (the engine raises these too)."""
+    problems = [
+        f"{MEGATRON}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+        if not _positive_int(getattr(megatron, key))
+    ]
+    if not problems and int(megatron.pipeline_model_parallel_size) != 1:
+        problems.append(
+            f"{MEGATRON}.pipeline_model_parallel_size={megatron.pipeline_model_parallel_size}: "
+            f"pipeline parallelism is not implemented in polyrl-engine-megatron yet; set it to 1 "
+            f"and split the model with {MEGATRON}.tensor_model_parallel_size"
+        )
+    return problems
+
+
+def dtype_problem(model: Any) -> str | None:
+    name = DTYPES.get(dtype_name(model))
+    if name in DTYPES_SUPPORTED:
+        return None
+    return (
+        f"actor_rollout_ref.model.dtype={dtype_name(model)!r}: the Megatron engine computes in "
+        f"bfloat16 or float32 (float32 master weights either way); use one of those"
+    )
+
+
+def _world_problems(cfg: Any, tensor_parallel: int) -> list[str]:
+    problems = []
+    seen: set[tuple[int, str]] = set()
+    for role in ("actor", "ref"):
+        found = role_world(cfg, role)
+        if found is None or found in seen:
+            continue
+        seen.add(found)
+        workers, where = found
+        if workers % tensor_parallel:
+            problems.append(
+                f"{MEGATRON}.tensor_model_parallel_size={tensor_parallel} does not divide the "
+                f"{workers} workers of the {role} ({where}); the data-parallel size is workers / "
+                f"tensor-parallel size"
+            )
+    return problems
+
+
+def check_config(cfg: Any) -> list[str]:
+    """The Megatron engine's rules for the composed run config (selected as training engine)."""
+    arr = cfg.actor_rollout_ref
+    actor, ref = arr.actor, arr.ref
+    problems = [p for p in [dtype_problem(arr.model)] if p]
+    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+    problems += batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
+    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
+    problems += batch_problems(ref, REF, own)
+    problems += optim_problems(actor.optim, ACTOR, core_checked=True)
+    problems += [
+        f"{ACTOR}.fsdp_config.{key}=true configures the FSDP engine; strategy=megatron keeps "
+        f"weights and optimizer state on the GPU (set it to false)"
+        for key in ("param_offload", "optimizer_offload")
+        if bool(getattr(actor.fsdp_config, key))
+    ]
+    sizes = parallel_problems(actor.megatron)
+    if sizes:
+        return problems + sizes
+    return problems + _world_problems(cfg, int(actor.megatron.tensor_model_parallel_size))

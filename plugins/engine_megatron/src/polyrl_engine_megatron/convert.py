@@ -1,0 +1,243 @@
+"""Hugging Face <-> megatron-core weights for the Qwen2 / Llama family (pure torch, no megatron).
+
+megatron-core's GPTModel with the local layer spec names and lays out the same weights
+differently:
+
+==========================================  ==============================================
+Hugging Face                                megatron-core (local spec), TP-split dim
+==========================================  ==============================================
+model.embed_tokens.weight                   embedding.word_embeddings.weight, rows (0)
+model.layers.i.input_layernorm.weight       decoder.layers.i.input_layernorm.weight, -
+model.layers.i.self_attn.{q,k,v}_proj.*     decoder.layers.i.self_attention.linear_qkv.*, 0
+model.layers.i.self_attn.o_proj.weight      decoder.layers.i.self_attention.linear_proj.weight, 1
+model.layers.i.post_attention_layernorm.*   decoder.layers.i.pre_mlp_layernorm.weight, -
+model.layers.i.mlp.{gate,up}_proj.weight    decoder.layers.i.mlp.linear_fc1.weight, 0
+model.layers.i.mlp.down_proj.weight         decoder.layers.i.mlp.linear_fc2.weight, 1
+model.norm.weight                           decoder.final_layernorm.weight, -
+lm_head.weight                              output_layer.weight, rows (0); absent when tied
+==========================================  ==============================================
+
+``linear_qkv`` holds, per key/value group, that group's query heads then its key head then its
+value head; a tensor-parallel rank holds whole groups. ``linear_fc1`` holds, per rank, that
+rank's slice of the gate projection followed by its slice of the up projection. The vocabulary
+is padded with zero rows to a multiple of the tensor-parallel size (megatron splits it evenly);
+the padding is dropped on the way back. Conversion is exact in both directions (a round trip
+returns the same tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from polyrl.errors import ConfigError
+
+FAMILIES = ("qwen2", "llama")
+EMBEDDING = "embedding.word_embeddings.weight"
+OUTPUT = "output_layer.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+HF_EMBEDDING = "model.embed_tokens.weight"
+HF_LM_HEAD = "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """The dimensions both layouts share, read from the HF config."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tensor_parallel: int
+    tied: bool
+    qkv_bias: bool
+    rope_theta: float
+
+    @property
+    def padded_vocab_size(self) -> int:
+        tp = self.tensor_parallel
+        return -(-self.vocab_size // tp) * tp
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf_config(cls, config: Any, tensor_parallel: int) -> GPTShape:
+        """The shape of a Qwen2/Llama config split over ``tensor_parallel`` ranks; a
+        :class:`ConfigError` naming what does not fit otherwise."""
+        family = str(getattr(config, "model_type", ""))
+        if family not in FAMILIES:
+            raise ConfigError(
+                f"strategy=megatron converts {', '.join(FAMILIES)} models; this model is "
+                f"{family or 'of unknown type'!r}. Use strategy=fsdp2 for other architectures"
+            )
+        rope = dict(
+            getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        )
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        if rope_type != "default":
+            raise ConfigError(
+                f"strategy=megatron converts plain RoPE only; this model's RoPE is {rope_type!r} "
+                f"({rope}). Use strategy=fsdp2 for this model"
+            )
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        problems = [
+            f"{what}={count} is not divisible by "
+            f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tensor_parallel}"
+            for what, count in (
+                ("num_attention_heads", heads),
+                ("num_key_value_heads", kv_heads),
+                ("intermediate_size", int(config.intermediate_size)),
+            )
+            if count % tensor_parallel
+        ]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        bias = family == "qwen2" or bool(getattr(config, "attention_bias", False))
+        return cls(
+            num_layers=int(config.num_hidden_layers),
+            hidden_size=int(config.hidden_size),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn_hidden_size=int(config.intermediate_size),
+            vocab_size=int(config.vocab_size),
+            tensor_parallel=tensor_parallel,
+            tied=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=bias,
+            rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+        )
+
+
+_ROW_SPLIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_COLUMN_SPLIT = (EMBEDDING, OUTPUT, "linear_qkv.weight", "linear_qkv.bias", "mlp.linear_fc1.weight")
+
+
+def split_dim(name: str) -> int | None:
+    """The dimension along which tensor parallelism splits megatron-core weight ``name``; None
+    for a weight every rank holds whole (the norms)."""
+    if name.endswith(_COLUMN_SPLIT):
+        return 0
+    if name.endswith(_ROW_SPLIT):
+        return 1
+    return None
+
+
+# ---- Hugging Face -> Megatron ------------------------------------------------------------------
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    if tensor.shape[0] == rows:
+        return tensor
+    return torch.cat([tensor, tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))])
+
+
+def _grouped_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: GPTShape):
+    """``[q heads of group g | k head g | v head g]`` for every group g, as ``[groups, ...]``."""
+    groups, d = shape.num_kv_heads, shape.head_dim
+    tail = q.shape[1:]
+    return torch.cat(
+        [
+            q.reshape(groups, shape.heads_per_group * d, *tail),
+            k.reshape(groups, d, *tail),
+            v.reshape(groups, d, *tail),
+        ],
+        dim=1,
+    )
+
+
+def hf_to_megatron(
+    hf: Mapping[str, torch.Tensor], shape: GPTShape
+) -> dict[str, list[torch.Tensor]]:
+    """Every megatron-core weight as its list of tensor-parallel shards (one per rank)."""
+    tp = shape.tensor_parallel
+    out: dict[str, list[torch.Tensor]] = {}
+
+    def split(name: str, tensor: torch.Tensor, dim: int) -> None:
+        out[name] = [part.clone() for part in tensor.chunk(tp, dim=dim)]
+
+    def replicate(name: str, tensor: torch.Tensor) -> None:
+        out[name] = [tensor.clone() for _ in range(tp)]
+
+    split(EMBEDDING, _pad_rows(hf[HF_EMBEDDING], shape.padded_vocab_size), 0)
+    for i in range(shape.num_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn = src + "self_attn."
+        replicate(dst + "input_layernorm.weight", hf[src + "input_layernorm.weight"])
+        for kind in ("weight", "bias") if shape.qkv_bias else ("weight",):
+            q, k, v = (hf[f"{attn}{p}_proj.{kind}"] for p in "qkv")
+            grouped = _grouped_qkv(q, k, v, shape)
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = [
+                part.reshape(-1, *q.shape[1:]).clone() for part in grouped.chunk(tp, dim=0)
+            ]
+        split(dst + "self_attention.linear_proj.weight", hf[attn + "o_proj.weight"], 1)
+        replicate(dst + "pre_mlp_layernorm.weight", hf[src + "post_attention_layernorm.weight"])
+        gate = hf[src + "mlp.gate_proj.weight"].chunk(tp, dim=0)
+        up = hf[src + "mlp.up_proj.weight"].chunk(tp, dim=0)
+        out[dst + "mlp.linear_fc1.weight"] = [torch.cat([g, u]) for g, u in zip(gate, up)]
+        split(dst + "mlp.linear_fc2.weight", hf[src + "mlp.down_proj.weight"], 1)
+    replicate(FINAL_NORM, hf["model.norm.weight"])
+    if not shape.tied:
+        split(OUTPUT, _pad_rows(hf[HF_LM_HEAD], shape.padded_vocab_size), 0)
+    return out
+
+
+# ---- Megatron -> Hugging Face ------------------------------------------------------------------
+def megatron_to_hf(
+    name: str, shards: Sequence[torch.Tensor], shape: GPTShape
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The HF weights one megatron-core weight holds, from its tensor-parallel shards (in rank
+    order; a replicated weight may pass one). A tied embedding is yielded under both of its HF
+    names, as the HF ``state_dict()`` has them."""
+    if name == EMBEDDING:
+        full = torch.cat(list(shards))[: shape.vocab_size]
+        yield HF_EMBEDDING, full
+        if shape.tied:
+            yield HF_LM_HEAD, full
+        return
+    if name == OUTPUT:
+        yield HF_LM_HEAD, torch.cat(list(shards))[: shape.vocab_size]
+        return
+    if name == FINAL_NORM:
+        yield "model.norm.weight", shards[0]
+        return
+    prefix, _, rest = name.partition(".layers.")
+    index, _, leaf = rest.partition(".")
+    if prefix != "decoder" or not index.isdigit():
+        raise KeyError(f"{name!r} is not a megatron-core GPTModel weight this converter knows")
+    hf = f"model.layers.{index}."
+    if leaf == "input_layernorm.weight":
+        yield hf + "input_layernorm.weight", shards[0]
+    elif leaf == "pre_mlp_layernorm.weight":
+        yield hf + "post_attention_layernorm.weight", shards[0]
+    elif leaf.startswith("self_attention.linear_qkv."):
+        kind = leaf.rpartition(".")[2]
+        yield from _split_qkv(torch.cat(list(shards)), shape, hf + "self_attn.", kind)
+    elif leaf == "self_attention.linear_proj.weight":
+        yield hf + "self_attn.o_proj.weight", torch.cat(list(shards), dim=1)
+    elif leaf == "mlp.linear_fc1.weight":
+        halves = [shard.chunk(2, dim=0) for shard in shards]
+        yield hf + "mlp.gate_proj.weight", torch.cat([gate for gate, _ in halves])
+        yield hf + "mlp.up_proj.weight", torch.cat([up for _, up in halves])
+    elif leaf == "mlp.linear_fc2.weight":
+        yield hf + "mlp.down_proj.weight", torch.cat(list(shards), dim=1)
+    else:
+        raise KeyError(f"{name!r} is not a megatron-core GPTModel weight this converter knows")
+
+
+def _split_qkv(
+    full: torch.Tensor, shape: GPTShape, prefix: str, kind: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    d, per_group = shape.head_dim, shape.heads_per_group
+    tail = full.shape[1:]
+    grouped = full.reshape(shape.num_kv_heads, (per_group + 2) * d, *tail)
+    q, k, v = grouped.split([per_group * d, d, d], dim=1)
+    for letter, part in zip("qkv", (q, k, v)):
+        yield f"{prefix}{letter}_proj.{kind}", part.reshape(-1, *tail)

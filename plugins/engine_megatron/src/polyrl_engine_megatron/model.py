@@ -1,0 +1,132 @@
+"""Build megatron-core's GPTModel for a Hugging Face Qwen2/Llama checkpoint and load its weights.
+
+The model uses the local layer spec (megatron-core's own modules: no Transformer Engine, no
+apex). Its parameters are float32, the master weights the optimizer updates; the forward runs
+under ``torch.autocast`` in ``actor_rollout_ref.model.dtype``, which is how the FSDP engine's
+mixed precision computes too (bf16 matmuls, float32 weights and reductions). Dropout is off (RL
+fine-tuning scores exact log-probs) and every kernel fusion that needs apex or a fixed mask is
+off, so the attention honours polyrl's padding mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from polyrl.errors import ConfigError
+from polyrl_engine_megatron.convert import GPTShape, hf_to_megatron
+
+
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
+    """megatron-core's process groups on the default group (once per process: the actor and
+    the reference of one worker share them) and its tensor-parallel RNG tracker."""
+    from megatron.core import parallel_state
+    from megatron.core import tensor_parallel as mcore_tp
+
+    if parallel_state.model_parallel_is_initialized():
+        sizes = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if sizes != (tensor_parallel, pipeline_parallel):
+            raise ConfigError(
+                f"megatron-core is already split TP x PP = {sizes[0]} x {sizes[1]} in this "
+                f"process; every megatron role of a pool must use the same "
+                f"actor_rollout_ref.actor.megatron sizes"
+            )
+        return
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+    )
+    mcore_tp.model_parallel_cuda_manual_seed(seed)
+
+
+def transformer_config_kwargs(
+    shape: GPTShape, hf_config: Any, *, gradient_checkpointing: bool
+) -> dict[str, Any]:
+    """``TransformerConfig`` arguments that reproduce the HF model's computation."""
+    kwargs: dict[str, Any] = {
+        "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.num_heads,
+        "num_query_groups": shape.num_kv_heads,
+        "kv_channels": shape.head_dim,
+        "ffn_hidden_size": shape.ffn_hidden_size,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": float(hf_config.rms_norm_eps),
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "add_bias_linear": False,
+        "add_qkv_bias": shape.qkv_bias,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "tensor_model_parallel_size": shape.tensor_parallel,
+        "params_dtype": torch.float32,
+        "perform_initialization": False,  # every weight is loaded from the checkpoint
+        # Fusions that need apex/Transformer Engine, or (masked softmax) ignore a padding mask.
+        "masked_softmax_fusion": False,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+        "gradient_accumulation_fusion": False,
+    }
+    if gradient_checkpointing:
+        kwargs.update(
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
+    return kwargs
+
+
+def build_gpt_model(shape: GPTShape, hf_config: Any, *, gradient_checkpointing: bool) -> Any:
+    """The GPTModel (float32 parameters, uninitialised) on the current CUDA device."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(
+        **transformer_config_kwargs(shape, hf_config, gradient_checkpointing=gradient_checkpointing)
+    )
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(),
+        vocab_size=shape.padded_vocab_size,
+        max_sequence_length=int(hf_config.max_position_embeddings),
+        share_embeddings_and_output_weights=shape.tied,
+        position_embedding_type="rope",
+        rotary_base=int(shape.rope_theta),
+        parallel_output=True,
+    ).cuda(torch.cuda.current_device())
+
+
+def load_hf_weights(
+    model: torch.nn.Module, model_path: str, shape: GPTShape, tp_rank: int, trust_remote_code: bool
+) -> None:
+    """Read the HF checkpoint (float32, on the CPU) and copy this rank's shards into ``model``."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, trust_remote_code=trust_remote_code
+    ).state_dict()
+    shards = hf_to_megatron(hf, shape)
+    del hf
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(shards))
+    unexpected = sorted(set(shards) - set(params))
+    if missing or unexpected:
+        raise ConfigError(
+            f"the HF checkpoint does not map onto megatron-core's GPTModel: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            shard = shards[name][tp_rank]
+            if shard.shape != param.shape:
+                raise ConfigError(
+                    f"{name}: the converted shard is {tuple(shard.shape)}, megatron-core expects "
+                    f"{tuple(param.shape)}"
+                )
+            param.copy_(shard)

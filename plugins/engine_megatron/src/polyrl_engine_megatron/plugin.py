@@ -1,0 +1,32 @@
+"""Entry-point module: registers the megatron-core engine under ``megatron``.
+
+Light on purpose: only polyrl's hook marker and spec type are imported; the engine and its check
+are named by import string and imported when a run selects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl import hookimpl
+from polyrl.specs import TrainingEngineSpec
+
+
+@hookimpl
+def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
+    yield TrainingEngineSpec(
+        name="megatron",
+        description=(
+            "megatron-core GPTModel (local spec, no Transformer Engine): tensor + data "
+            "parallelism from actor.megatron.*, vocab-parallel log-probs, HF export (CUDA)"
+        ),
+        engine="polyrl_engine_megatron.engine:MegatronEngine",
+        supports_cpu=False,
+        supports_cuda=True,
+        supports_lora=False,
+        supports_sequence_packing=False,
+        supports_weight_sync=True,
+        supports_checkpoint=True,
+        runtime_modules=("torch", "megatron.core"),
+        config_check="polyrl_engine_megatron.checks:check_config",
+    )

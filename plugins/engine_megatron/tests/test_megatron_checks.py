@@ -1,0 +1,81 @@
+"""The Megatron engine's config rules (CPU): verl's parallel keys, the dtype, and the one-line
+refusal of ``strategy=megatron`` on a CPU machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from omegaconf import OmegaConf
+
+from polyrl.config.schema import PolyrlConfig
+from polyrl.config.validate import validate_config
+from polyrl.registry import discover
+from polyrl.specs import PluginKind
+from polyrl_engine_megatron.checks import check_config
+
+TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+PP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+
+
+def _cfg(*overrides: str):
+    return OmegaConf.merge(
+        OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(list(overrides))
+    )
+
+
+def test_registered_cuda_only_and_light():
+    reg = discover().get(PluginKind.TRAINING_ENGINE, "megatron")
+    assert reg.spec.supports_cpu is False and reg.spec.supports_cuda is True
+    assert reg.spec.runtime_modules == ("torch", "megatron.core")
+    code = (
+        "import sys, polyrl_engine_megatron.checks, polyrl_engine_megatron.plugin\n"
+        "print(int(any(m in sys.modules for m in ('torch', 'megatron'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0"]
+
+
+def test_parallel_sizes_against_the_pools():
+    assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2")) == []
+    (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=3"))
+    assert line == (
+        f"{TP}=3 does not divide the 4 workers of the actor (world size 4 = trainer.nnodes 1 x "
+        f"trainer.n_gpus_per_node 4); the data-parallel size is workers / tensor-parallel size"
+    )
+    # a reference on its own pool of 3 workers cannot hold TP=2 either
+    (line,) = check_config(
+        _cfg(
+            "trainer.n_gpus_per_node=4",
+            f"{TP}=2",
+            "trainer.role_pools.ref=refpool",
+            "trainer.resource_pools.refpool=3",
+        )
+    )
+    assert line.startswith(f"{TP}=2 does not divide the 3 workers of the ref")
+    (line,) = check_config(_cfg(f"{TP}=0"))
+    assert line == f"{TP} must be a positive integer, got 0"
+    (line,) = check_config(_cfg(f"{PP}=2"))
+    assert line.startswith(f"{PP}=2: pipeline parallelism is not implemented")
+
+
+def test_dtype_and_fsdp_keys():
+    (line,) = check_config(_cfg("actor_rollout_ref.model.dtype=float16"))
+    assert line.startswith("actor_rollout_ref.model.dtype='float16': the Megatron engine computes")
+    assert check_config(_cfg("actor_rollout_ref.model.dtype=fp32")) == []
+    (line,) = check_config(_cfg("actor_rollout_ref.actor.fsdp_config.param_offload=true"))
+    assert line.startswith("actor_rollout_ref.actor.fsdp_config.param_offload=true configures")
+
+
+def test_validate_refuses_megatron_on_cpu_in_one_line():
+    cfg = _cfg(
+        "actor_rollout_ref.model.path=builtin:tiny",
+        "data.train_files=builtin:tiny_digits",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "trainer.device=cpu",
+    )
+    problems = [p for p in validate_config(cfg) if "megatron" in p]
+    assert problems == [
+        "actor_rollout_ref.actor.strategy='megatron' (package polyrl-engine-megatron) does not "
+        "support trainer.device=cpu. Engines that do: deepspeed, fsdp, fsdp2."
+    ]
