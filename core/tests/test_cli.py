@@ -14,6 +14,7 @@ import pytest
 
 from polyrl.cli import main
 from polyrl.specs import AdvantageEstimatorSpec, RolloutEngineSpec, TrainingEngineSpec
+from polyrl.testing.cli import run_polyrl
 
 BLOCKED = ("torch", "vllm", "ray", "transformers", "sglang", "megatron", "deepspeed")
 
@@ -203,17 +204,6 @@ def no_torch_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "polyrl", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_shadow_really_blocks_torch(no_torch_env) -> None:
     done = subprocess.run(
         [sys.executable, "-c", "import torch"],
@@ -226,24 +216,24 @@ def test_shadow_really_blocks_torch(no_torch_env) -> None:
 
 
 def test_plugins_lists_without_torch(no_torch_env) -> None:
-    done = _run(no_torch_env, "plugins", "--json")
+    done = run_polyrl(no_torch_env, "plugins", "--json")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     assert {"console", "jsonl", "tensorboard", "vanilla", "naive"} <= {r["name"] for r in rows}
     # no installed plugin's entry-point module may need torch & co to be listed
     heavy = [r for r in rows if "is not importable in this test" in (r["error"] or "")]
     assert heavy == [], f"entry-point modules that import heavy libraries: {heavy}"
-    table = _run(no_torch_env, "plugins")
+    table = run_polyrl(no_torch_env, "plugins")
     assert table.returncode == 0 and table.stdout.startswith("NAME")
 
 
 def test_validate_and_config_without_torch(no_torch_env, good_overrides) -> None:
-    done = _run(no_torch_env, "validate", *good_overrides)
+    done = run_polyrl(no_torch_env, "validate", *good_overrides)
     # the test engines are not installed in the subprocess: validation fails cleanly, no traceback
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert "actor_rollout_ref.actor.strategy: unknown training_engine 'eng'" in done.stderr
-    done = _run(no_torch_env, "config", "trainer.device=cpu")
+    done = run_polyrl(no_torch_env, "config", "trainer.device=cpu")
     assert done.returncode == 0, done.stderr
     assert "device: cpu" in done.stdout
 

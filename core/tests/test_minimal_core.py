@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from polyrl.errors import ConfigError, DataError, PolyrlError
+from polyrl.testing.cli import run_polyrl
 
 CORE = Path(__file__).resolve().parents[1]
 #: The import names of the task-specific libraries, and their distributions.
@@ -92,17 +93,6 @@ def _python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
     )
 
 
-def _polyrl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "polyrl", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_the_libraries_are_really_hidden(bare_env) -> None:
     for module in TASK_MODULES:
         done = _python(bare_env, f"import {module}")
@@ -133,13 +123,13 @@ def test_core_modules_import_without_the_task_libraries(bare_env) -> None:
 
 
 def test_plugins_command_works_without_the_task_libraries(bare_env) -> None:
-    done = _polyrl(bare_env, "plugins")
+    done = run_polyrl(bare_env, "plugins")
     assert done.returncode == 0, done.stderr
     assert "jsonl" in done.stdout and "Traceback" not in done.stderr
 
 
 def test_data_command_names_the_missing_extra(bare_env, tmp_path) -> None:
-    done = _polyrl(
+    done = run_polyrl(
         bare_env, "data", "reasoning-gym", "--task", "chain_sum", "--out", str(tmp_path / "d")
     )
     assert done.returncode == 2, done.stderr

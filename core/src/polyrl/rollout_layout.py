@@ -144,3 +144,16 @@ class WeightStreamChecker:
 
     def missing(self) -> list[str]:
         return sorted(set(self.manifest) - self.seen)
+
+    def incomplete(self, received: int) -> tuple[str, str] | None:
+        """After the stream (``received`` tensors): None when no checkpoint tensor was left out,
+        else (why the engine's weights are now invalid, the :class:`WeightSyncError` message)."""
+        missing = self.missing()
+        if not missing:
+            return None
+        return (
+            f"the last weight sync left out {len(missing)} of {len(self.manifest)} tensors "
+            f"(e.g. {missing[:3]})",
+            f"update_weights() received {received} tensors but not {len(missing)} the model "
+            f"has, e.g. {missing[:3]}: the weight stream must hold the full model",
+        )

@@ -15,6 +15,7 @@ from polyrl.errors import ConfigError
 from polyrl.interfaces import RolloutContext, SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
 from polyrl.testing import RolloutEngineConformance
+from polyrl.testing.rollout_contract import teacher_forced_log_probs
 from polyrl_rollout_hf.engine import HFRolloutEngine
 
 torch.set_num_threads(1)
@@ -60,20 +61,6 @@ def prompts(tiny_dirs):
         {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
         {"uid": ["p0", "p1", "p2"]},
     )
-
-
-def teacher_forced_log_probs(model, out: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) of the model at the response tokens, by one full forward pass."""
-    prompt_len = out["prompts"].shape[1]
-    response_len = out["responses"].shape[1]
-    with torch.no_grad():
-        logits = model(
-            input_ids=out["input_ids"],
-            attention_mask=out["attention_mask"],
-            position_ids=out["position_ids"],
-        ).logits.float()
-    logits = logits[:, prompt_len - 1 : prompt_len - 1 + response_len] / temperature
-    return torch.log_softmax(logits, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
 
 
 def test_shapes_grouping_and_concatenated_fields(engine, prompts):

@@ -23,6 +23,25 @@ import sys
 import pytest
 import torch
 
+from polyrl.testing import rollout_contract
+from polyrl.testing.rollout_contract import (
+    EOS,
+    MAX_PROMPT,
+    MAX_RESPONSE,
+    PAD,
+    SEQUENCES,
+    fsdp_actor,
+    hf_causal_lm,
+    left_padded_prompts,
+    response_logits,
+    response_nll_loss,
+    sequence_log_probs,
+    teacher_forced_log_probs,
+    tiny_model_pair,
+    token_log_probs,
+    trainer_batch,
+)
+
 HAS_CUDA = torch.cuda.is_available()
 pytestmark = [
     pytest.mark.sglang,
@@ -36,8 +55,6 @@ pytestmark = [
 
 ATOL = 1e-3
 CHANGED = 1e-2  # another checkpoint moves the log-probs by more than this
-PAD, EOS = 0, 2
-MAX_PROMPT, MAX_RESPONSE = 32, 16
 ENGINE_KWARGS = {"sglang": {"attention_backend": "torch_native", "sampling_backend": "pytorch"}}
 
 
@@ -58,36 +75,18 @@ def rollout_config(**values):
 
 
 def rollout_context(model_path: str, config, *, rank: int = 0, world_size: int = 1):
-    from polyrl.interfaces import RolloutContext
-
-    return RolloutContext(
-        model_path=model_path,
-        config=config,
-        device="cuda",
-        rank=rank,
-        world_size=world_size,
-        max_prompt_length=MAX_PROMPT,
-        max_response_length=MAX_RESPONSE,
-        pad_token_id=PAD,
-        eos_token_ids=[EOS],
+    return rollout_contract.rollout_context(
+        model_path, config, device="cuda", rank=rank, world_size=world_size
     )
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from polyrl.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("sglang_tiny")
-    return (
-        build_tiny_model(str(root / "seed0"), seed=0),
-        build_tiny_model(str(root / "seed1"), seed=1),
-    )
+    return tiny_model_pair(tmp_path_factory.mktemp("sglang_tiny"))
 
 
 def _hf(path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    return hf_causal_lm(path, "cuda")
 
 
 @pytest.fixture(scope="module")
@@ -113,39 +112,10 @@ def base_engine(engine, hf_base):
     return engine
 
 
-def _prompts():
-    from polyrl.batch import Batch
-
-    rows = [[1, 40, 41, 42, 43], [1, 50], [1, 60, 61, 62]]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r)
-        mask[i, width - len(r) :] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask})
-
-
-def _logits(hf, out) -> torch.Tensor:
-    """The model's logits at the positions that predict the response tokens."""
-    with torch.no_grad():
-        logits = hf(
-            input_ids=out["input_ids"].cuda(),
-            attention_mask=out["attention_mask"].cuda(),
-            position_ids=out["position_ids"].cuda(),
-        ).logits.float()
-    width = out["responses"].shape[1]
-    return logits[:, -width - 1 : -1].cpu()
-
-
-def _at(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return values.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
 def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    prompts = _prompts()
+    prompts = left_padded_prompts()
     n, new = 2, 6
     out = base_engine.generate(prompts, SamplingParams(n=n, temperature=0.7, max_new_tokens=new))
     b, p = prompts["input_ids"].shape
@@ -162,7 +132,7 @@ def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
         assert torch.all(out["rollout_log_probs"][r, length:] == 0)
     assert torch.equal(out["attention_mask"][:, p:], mask)
     # sampling log-probs = log_softmax(logits / T) of the same weights at the sampled tokens
-    expected = _at((_logits(hf_base, out) / 0.7).log_softmax(-1), out["responses"])
+    expected = teacher_forced_log_probs(hf_base, out, 0.7)
     valid = mask.bool()
     assert torch.allclose(out["rollout_log_probs"][valid], expected[valid], atol=ATOL, rtol=0)
 
@@ -170,22 +140,24 @@ def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
 def test_top_k_samples_within_the_top_k_with_unnormalised_log_probs(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    out = base_engine.generate(_prompts(), SamplingParams(n=2, top_k=5, max_new_tokens=5))
-    logits = _logits(hf_base, out)
+    out = base_engine.generate(
+        left_padded_prompts(), SamplingParams(n=2, top_k=5, max_new_tokens=5)
+    )
+    logits = response_logits(hf_base, out)
     valid, tokens = out["response_mask"].bool(), out["responses"]
     assert torch.all((logits.topk(5, dim=-1).indices == tokens.unsqueeze(-1)).any(-1)[valid])
     # SGLang reports log_softmax over the whole vocabulary (as the hf rollout), not over the 5
-    expected = _at(logits.log_softmax(-1), tokens)
+    expected = token_log_probs(logits.log_softmax(-1), tokens)
     assert torch.allclose(out["rollout_log_probs"][valid], expected[valid], atol=ATOL, rtol=0)
 
 
 def test_greedy_and_stop_token(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    prompts = _prompts()
+    prompts = left_padded_prompts()
     greedy = base_engine.generate(prompts, SamplingParams(n=2, greedy=True, max_new_tokens=6))
     assert torch.equal(greedy["responses"][0::2], greedy["responses"][1::2])
-    assert torch.equal(_logits(hf_base, greedy).argmax(-1), greedy["responses"])
+    assert torch.equal(response_logits(hf_base, greedy).argmax(-1), greedy["responses"])
     # the latest step k at which a greedy token first appears in its row becomes a stop token
     rows = greedy["responses"][0::2].tolist()
     k, r = max((i, r) for r, row in enumerate(rows) for i in range(6) if row[i] not in row[:i])
@@ -206,7 +178,7 @@ def test_sleep_releases_gpu_memory_and_wake_up_restores_generation(base_engine, 
     from polyrl.interfaces import SamplingParams
     from polyrl.rollout_layout import WeightSyncError
 
-    prompts = _prompts()
+    prompts = left_padded_prompts()
     params = SamplingParams(greedy=True, max_new_tokens=4)
     before = base_engine.generate(prompts, params)
     awake = _free_gpu_bytes()
@@ -238,30 +210,17 @@ def test_prompt_too_long_is_a_clear_error(base_engine):
         )
 
 
-SEQUENCES = [[1, 40, 41, 42, 43, 7, 8, 9, 10, 11], [1, 50, 100, 200, 300, 2]]
-
-
-def _hf_scores(hf, seqs):
-    result = []
-    for seq in seqs:
-        ids = torch.tensor([seq]).cuda()
-        with torch.no_grad():
-            logits = hf(input_ids=ids).logits.float()[0, :-1]
-        result.append(_at(logits.log_softmax(-1), ids[0, 1:]).cpu())
-    return result
-
-
 def test_weight_sync_from_another_checkpoint(base_engine, hf_base, models):
     """A different model's HF state dict, in several buckets: SGLang's log-probs then equal
     transformers holding it, and differ from the old ones."""
     before = base_engine.score_log_probs(SEQUENCES)
-    for got, want in zip(before, _hf_scores(hf_base, SEQUENCES)):
+    for got, want in zip(before, sequence_log_probs(hf_base, SEQUENCES)):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
     other = _hf(models[1])
     base_engine.update_weights(iter(other.state_dict().items()))
     assert base_engine.last_sync["tensors"] == len(other.state_dict())
     after = base_engine.score_log_probs(SEQUENCES)
-    for got, want, old in zip(after, _hf_scores(other, SEQUENCES), before):
+    for got, want, old in zip(after, sequence_log_probs(other, SEQUENCES), before):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
         assert (got - old).abs().max() > CHANGED
 
@@ -271,7 +230,7 @@ def test_bad_weight_streams_block_generation_until_a_complete_sync(base_engine, 
     from polyrl.rollout_layout import WeightSyncError
 
     state = list(hf_base.state_dict().items())
-    want = _hf_scores(hf_base, SEQUENCES)
+    want = sequence_log_probs(hf_base, SEQUENCES)
     bad_streams = {
         "has shape": [(k, v[:-1] if k.endswith("o_proj.weight") else v) for k, v in state],
         "must hold the full model": state[:5],
@@ -280,7 +239,7 @@ def test_bad_weight_streams_block_generation_until_a_complete_sync(base_engine, 
         with pytest.raises(WeightSyncError, match=message):
             base_engine.update_weights(iter(stream))
         with pytest.raises(WeightSyncError, match="call update_weights"):
-            base_engine.generate(_prompts(), SamplingParams(max_new_tokens=2))
+            base_engine.generate(left_padded_prompts(), SamplingParams(max_new_tokens=2))
         base_engine.update_weights(iter(state))
         for got, expected in zip(base_engine.score_log_probs(SEQUENCES), want):
             assert torch.allclose(got, expected, atol=ATOL, rtol=0)
@@ -293,61 +252,20 @@ def test_weight_sync_from_fsdp_trainer(base_engine, models):
     pytest.importorskip("polyrl_engine_fsdp")
     import torch.distributed as dist
 
-    from polyrl.batch import Batch
-    from polyrl.interfaces import EngineContext
-    from polyrl_engine_fsdp.engine import FSDPEngine
-
     created = not dist.is_initialized()
     if created:
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        actor = FSDPEngine(
-            EngineContext(
-                role="actor",
-                model_path=models[0],
-                model={"dtype": "float32"},
-                engine={
-                    "fsdp_config": {"mixed_precision": False},
-                    "optim": {"lr": 3e-2, "clip_grad": 0.0, "weight_decay": 0.0},
-                    "ppo_micro_batch_size_per_gpu": 2,
-                    "log_prob_micro_batch_size_per_gpu": 2,
-                },
-                device="cuda",
-                rank=0,
-                world_size=1,
-                seed=0,
-            )
-        )
-        prompt = torch.tensor([[1, 40, 41, 42], [0, 1, 50, 51]])
-        pmask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
-        resp = torch.tensor([[7, 8, 9, 10, 11], [100, 200, 300, 2, 0]])
-        rmask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
-        mask = torch.cat([pmask, rmask], -1)
-        batch = Batch(
-            {
-                "input_ids": torch.cat([prompt, resp], -1),
-                "attention_mask": mask,
-                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                "responses": resp,
-                "response_mask": rmask,
-            }
-        )
-        seqs = [
-            [t for t, m in zip(row, keep) if m]
-            for row, keep in zip(batch["input_ids"].tolist(), mask.tolist())
-        ]
+        actor = fsdp_actor(models[0], "cuda")
+        batch, seqs = trainer_batch()
+        rmask = batch["response_mask"]
 
         def engine_response_log_probs():
             scores = base_engine.score_log_probs(seqs)
             return [s[-int(rmask[i].sum()) :] for i, s in enumerate(scores)]
 
-        def loss_fn(micro, log_prob, entropy):
-            m = micro["response_mask"].to(log_prob.dtype)
-            loss = -(log_prob * m).sum() / m.sum()
-            return loss, {"loss": float(loss.detach())}
-
         before = engine_response_log_probs()
-        actor.train_step(batch, loss_fn)
+        actor.train_step(batch, response_nll_loss)
         trainer_after, _ = actor.compute_log_prob(batch)
         base_engine.update_weights(actor.named_weights())
         after = engine_response_log_probs()
@@ -367,9 +285,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # as Ray does: one GPU per worke
 os.environ["MASTER_ADDR"] = "127.0.0.1"
 import torch, torch.distributed as dist
 sys.path.insert(0, os.path.dirname(sys.argv[5]))
-from test_sglang_engine_contract import (
-    SEQUENCES, _hf, _hf_scores, _prompts, rollout_config, rollout_context,
-)
+from test_sglang_engine_contract import _hf, rollout_config, rollout_context
+from polyrl.testing.rollout_contract import SEQUENCES, left_padded_prompts
+from polyrl.testing.rollout_contract import sequence_log_probs as hf_scores
 from polyrl.interfaces import SamplingParams
 from polyrl_rollout_sglang.engine import SGLangRolloutEngine
 
@@ -379,7 +297,7 @@ engine = SGLangRolloutEngine(
     rollout_context(base, rollout_config(tensor_model_parallel_size=2), rank=rank, world_size=2)
 )
 position = engine.data_parallel_rank()
-out = engine.generate(_prompts(), SamplingParams(n=2, greedy=True, max_new_tokens=6))
+out = engine.generate(left_padded_prompts(), SamplingParams(n=2, greedy=True, max_new_tokens=6))
 result = {
     "dp": [position.dp_rank, position.dp_size, position.returns_output],
     "responses": out["responses"].tolist(),
@@ -388,13 +306,13 @@ other_state = _hf(other).state_dict()
 if engine.placement.is_leader:
     result["before_ok"] = all(
         torch.allclose(g, w, atol=1e-3, rtol=0)
-        for g, w in zip(engine.score_log_probs(SEQUENCES), _hf_scores(_hf(base), SEQUENCES))
+        for g, w in zip(engine.score_log_probs(SEQUENCES), hf_scores(_hf(base), SEQUENCES))
     )
 engine.update_weights(iter(other_state.items()))
 if engine.placement.is_leader:
     result["after_ok"] = all(
         torch.allclose(g, w, atol=1e-3, rtol=0)
-        for g, w in zip(engine.score_log_probs(SEQUENCES), _hf_scores(_hf(other), SEQUENCES))
+        for g, w in zip(engine.score_log_probs(SEQUENCES), hf_scores(_hf(other), SEQUENCES))
     )
 engine.close()
 dist.destroy_process_group()

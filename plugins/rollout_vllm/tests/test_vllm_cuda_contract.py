@@ -22,16 +22,17 @@ import sys
 
 import pytest
 import torch
-from test_vllm_rollout_engine import (
-    EOS,
-    MAX_PROMPT,
-    MAX_RESPONSE,
-    PAD,
-    _fixed_sequences,
-    _hf,
-    _hf_scores,
-    _prompts,
-    _teacher_forced,
+
+from polyrl.testing.rollout_contract import (
+    SEQUENCES,
+    fsdp_actor,
+    hf_causal_lm,
+    left_padded_prompts,
+    response_logits,
+    rollout_context,
+    sequence_log_probs,
+    teacher_forced_log_probs,
+    tiny_model_pair,
 )
 
 pytestmark = [
@@ -66,38 +67,21 @@ def rollout_config(**values):
 
 def build_engine(model_path: str, config, *, rank: int = 0, world_size: int = 1):
     """A VLLMRolloutEngine on this process's GPU, as a polyrl worker builds it."""
-    from polyrl.interfaces import RolloutContext
     from polyrl_rollout_vllm.engine import VLLMRolloutEngine
 
     return VLLMRolloutEngine(
-        RolloutContext(
-            model_path=model_path,
-            config=config,
-            device="cuda",
-            rank=rank,
-            world_size=world_size,
-            max_prompt_length=MAX_PROMPT,
-            max_response_length=MAX_RESPONSE,
-            pad_token_id=PAD,
-            eos_token_ids=[EOS],
-        )
+        rollout_context(model_path, config, device="cuda", rank=rank, world_size=world_size)
     )
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from polyrl.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("vllm_cuda_tiny")
-    return (
-        build_tiny_model(str(root / "seed0"), seed=0),
-        build_tiny_model(str(root / "seed1"), seed=1),
-    )
+    return tiny_model_pair(tmp_path_factory.mktemp("vllm_cuda_tiny"))
 
 
 @pytest.fixture(scope="module")
 def hf_base(models):
-    return _hf(models[0])
+    return hf_causal_lm(models[0])
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +122,10 @@ def test_generate_log_probs_on_cuda(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
     out = base_engine.generate(
-        _prompts()[1], SamplingParams(n=2, temperature=0.7, max_new_tokens=6)
+        left_padded_prompts(), SamplingParams(n=2, temperature=0.7, max_new_tokens=6)
     )
     assert out["responses"].shape == out["rollout_log_probs"].shape == (6, 6)
-    expected = _teacher_forced(hf_base, out, 0.7)
+    expected = teacher_forced_log_probs(hf_base, out, 0.7)
     valid = out["response_mask"].bool()
     assert torch.allclose(out["rollout_log_probs"][valid], expected[valid], atol=ATOL, rtol=0)
 
@@ -149,13 +133,9 @@ def test_generate_log_probs_on_cuda(base_engine, hf_base):
 def test_top_k_log_probs_renormalised_on_cuda(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    out = base_engine.generate(_prompts()[1], SamplingParams(n=2, top_k=5, max_new_tokens=5))
-    with torch.no_grad():
-        logits = hf_base(
-            input_ids=out["input_ids"],
-            attention_mask=out["attention_mask"],
-            position_ids=out["position_ids"],
-        ).logits.float()[:, -6:-1]
+    params = SamplingParams(n=2, top_k=5, max_new_tokens=5)
+    out = base_engine.generate(left_padded_prompts(), params)
+    logits = response_logits(hf_base, out)
     top5, tokens, valid = logits.topk(5, dim=-1), out["responses"], out["response_mask"].bool()
     assert torch.all((top5.indices == tokens.unsqueeze(-1)).any(-1)[valid])
     chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -167,7 +147,7 @@ def test_sleep_frees_gpu_memory_and_wake_up_restores_generation(base_engine, hf_
     from polyrl.interfaces import SamplingParams
     from polyrl_rollout_vllm.weights import WeightSyncError
 
-    prompts = _prompts()[1]
+    prompts = left_padded_prompts()
     params = SamplingParams(greedy=True, max_new_tokens=4)
     assert base_engine.sleep_enabled
     before = base_engine.generate(prompts, params)
@@ -189,13 +169,14 @@ def test_sleep_frees_gpu_memory_and_wake_up_restores_generation(base_engine, hf_
 
 
 def test_weight_sync_from_another_checkpoint_on_cuda(base_engine, hf_base, models):
-    seqs = _fixed_sequences()
+    seqs = SEQUENCES
     before = base_engine.score_log_probs(seqs)
-    for got, want in zip(before, _hf_scores(hf_base, seqs)):
+    for got, want in zip(before, sequence_log_probs(hf_base, seqs)):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
-    other = _hf(models[1])
+    other = hf_causal_lm(models[1])
     base_engine.update_weights(iter(other.state_dict().items()))
-    for got, want, old in zip(base_engine.score_log_probs(seqs), _hf_scores(other, seqs), before):
+    after = base_engine.score_log_probs(seqs)
+    for got, want, old in zip(after, sequence_log_probs(other, seqs), before):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
         assert (got - old).abs().max() > CHANGED
 
@@ -205,26 +186,8 @@ def test_weight_sync_from_fsdp_trainer_on_cuda(base_engine, models):
     log-probs of fixed prompt+response tokens equal the trainer's compute_log_prob."""
     pytest.importorskip("polyrl_engine_fsdp")
     from polyrl.batch import Batch
-    from polyrl.interfaces import EngineContext
-    from polyrl_engine_fsdp.engine import FSDPEngine
 
-    actor = FSDPEngine(
-        EngineContext(
-            role="actor",
-            model_path=models[0],
-            model={"dtype": "float32"},
-            engine={
-                "fsdp_config": {"mixed_precision": False},
-                "optim": {"lr": 3e-2, "clip_grad": 0.0, "weight_decay": 0.0},
-                "ppo_micro_batch_size_per_gpu": 2,
-                "log_prob_micro_batch_size_per_gpu": 2,
-            },
-            device="cuda",
-            rank=0,
-            world_size=1,
-            seed=0,
-        )
-    )
+    actor = fsdp_actor(models[0], "cuda")
     resp = torch.tensor([[7, 8, 9, 10, 11]])
     mask = torch.ones((1, 9), dtype=torch.long)
     batch = Batch(
@@ -261,22 +224,25 @@ os.environ.update(CUDA_VISIBLE_DEVICES=str(rank), LOCAL_RANK="0", RANK=str(rank)
 sys.path.insert(0, tests)
 import torch, torch.distributed as dist
 from test_vllm_cuda_contract import build_engine, rollout_config
-from test_vllm_rollout_engine import _fixed_sequences, _hf, _hf_scores, _prompts
+from polyrl.testing.rollout_contract import (
+    SEQUENCES, hf_causal_lm, left_padded_prompts, sequence_log_probs,
+)
 from polyrl.interfaces import SamplingParams
 
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 engine = build_engine(base, rollout_config(tensor_model_parallel_size=2), rank=rank, world_size=2)
 position = engine.data_parallel_rank()
-out = engine.generate(_prompts()[1], SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3))
-seqs = _fixed_sequences()
+params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3)
+out = engine.generate(left_padded_prompts(), params)
+seqs = SEQUENCES
 def matches(path):
-    pairs = zip(engine.score_log_probs(seqs), _hf_scores(_hf(path), seqs))
+    pairs = zip(engine.score_log_probs(seqs), sequence_log_probs(hf_causal_lm(path), seqs))
     return all(torch.allclose(got, want, atol=1e-3, rtol=0) for got, want in pairs)
 result = {"dp": [position.dp_rank, position.dp_size, position.returns_output],
           "responses": out["responses"].tolist(), "before_ok": matches(base)}
 engine.sleep(level=1)
-engine.update_weights(iter(_hf(other).state_dict().items()))
+engine.update_weights(iter(hf_causal_lm(other).state_dict().items()))
 engine.wake_up()
 result["after_ok"] = matches(other)
 engine.close()

@@ -16,6 +16,24 @@ import os
 import pytest
 import torch
 
+from polyrl.testing.rollout_contract import (
+    EOS,
+    MAX_PROMPT,
+    MAX_RESPONSE,
+    PAD,
+    SEQUENCES,
+    fsdp_actor,
+    hf_causal_lm,
+    left_padded_prompts,
+    response_logits,
+    response_nll_loss,
+    rollout_context,
+    sequence_log_probs,
+    teacher_forced_log_probs,
+    tiny_model_pair,
+    trainer_batch,
+)
+
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
@@ -25,30 +43,16 @@ pytestmark = [
 ]
 
 ATOL = 2e-4
-PAD = 0
-EOS = 2
-MAX_PROMPT, MAX_RESPONSE = 32, 16
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from polyrl.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("vllm_tiny")
-    base = build_tiny_model(str(root / "seed0"), seed=0)
-    other = build_tiny_model(str(root / "seed1"), seed=1)
-    return base, other
-
-
-def _hf(path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return tiny_model_pair(tmp_path_factory.mktemp("vllm_tiny"))
 
 
 @pytest.fixture(scope="module")
 def hf_base(models):
-    return _hf(models[0])
+    return hf_causal_lm(models[0])
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,6 @@ def engine(models):
     import torch.distributed as dist
 
     from polyrl.config.schema import RolloutConfig
-    from polyrl.interfaces import RolloutContext
     from polyrl_rollout_vllm.engine import VLLMRolloutEngine
 
     # As in the hybrid worker: the process group exists before the engines are built.
@@ -74,19 +77,7 @@ def engine(models):
         enforce_eager=True,
         seed=0,
     )
-    ctx = RolloutContext(
-        model_path=models[0],
-        config=cfg,
-        device="cpu",
-        rank=0,
-        world_size=1,
-        seed=0,
-        max_prompt_length=MAX_PROMPT,
-        max_response_length=MAX_RESPONSE,
-        pad_token_id=PAD,
-        eos_token_ids=[EOS],
-    )
-    eng = VLLMRolloutEngine(ctx)
+    eng = VLLMRolloutEngine(rollout_context(models[0], cfg, device="cpu", seed=0))
     print(f"\nvLLM engine start: {eng.start_seconds:.1f} s")
     yield eng
     eng.close()
@@ -104,36 +95,10 @@ def base_engine(engine, hf_base):
     return engine
 
 
-def _prompts():
-    from polyrl.batch import Batch
-
-    rows = [[1, 40, 41, 42, 43], [1, 50], [1, 60, 61, 62]]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r)
-        mask[i, width - len(r) :] = 1
-    return rows, Batch({"input_ids": ids, "attention_mask": mask})
-
-
-def _teacher_forced(hf, out, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) at each response token, from the batch the engine returned."""
-    with torch.no_grad():
-        logits = hf(
-            input_ids=out["input_ids"],
-            attention_mask=out["attention_mask"],
-            position_ids=out["position_ids"],
-        ).logits.float()
-    width = out["responses"].shape[1]
-    logits = logits[:, -width - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
-
-
 def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    _, prompts = _prompts()
+    prompts = left_padded_prompts()
     n, new = 2, 6
     params = SamplingParams(n=n, temperature=0.7, max_new_tokens=new, seed=11)
     out = base_engine.generate(prompts, params)
@@ -165,7 +130,7 @@ def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
         positions = out["position_ids"][r][real[r]]
         assert positions.tolist() == list(range(int(real[r].sum())))
     # Sampling log-probs = log_softmax(logits / T) of the same weights at the sampled tokens.
-    expected = _teacher_forced(hf_base, out, 0.7)
+    expected = teacher_forced_log_probs(hf_base, out, 0.7)
     valid = mask.bool()
     assert torch.allclose(out["rollout_log_probs"][valid], expected[valid], atol=ATOL, rtol=0)
     assert torch.all(out["rollout_log_probs"][valid] < 0)
@@ -174,17 +139,12 @@ def test_generate_shapes_grouping_masks_and_log_probs(base_engine, hf_base):
 def test_seed_reproducible_and_top_k_renormalised(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    _, prompts = _prompts()
+    prompts = left_padded_prompts()
     params = SamplingParams(n=2, temperature=1.0, top_k=5, max_new_tokens=5, seed=3)
     first = base_engine.generate(prompts, params)
     second = base_engine.generate(prompts, params)
     assert torch.equal(first["responses"], second["responses"])
-    with torch.no_grad():
-        logits = hf_base(
-            input_ids=first["input_ids"],
-            attention_mask=first["attention_mask"],
-            position_ids=first["position_ids"],
-        ).logits.float()[:, -6:-1]
+    logits = response_logits(hf_base, first)
     top5 = logits.topk(5, dim=-1)
     valid = first["response_mask"].bool()
     tokens = first["responses"]
@@ -199,16 +159,10 @@ def test_seed_reproducible_and_top_k_renormalised(base_engine, hf_base):
 def test_greedy_and_stop_token(base_engine, hf_base):
     from polyrl.interfaces import SamplingParams
 
-    _, prompts = _prompts()
+    prompts = left_padded_prompts()
     greedy = base_engine.generate(prompts, SamplingParams(n=2, greedy=True, max_new_tokens=6))
     assert torch.equal(greedy["responses"][0::2], greedy["responses"][1::2])
-    with torch.no_grad():
-        logits = hf_base(
-            input_ids=greedy["input_ids"],
-            attention_mask=greedy["attention_mask"],
-            position_ids=greedy["position_ids"],
-        ).logits[:, -7:-1]
-    assert torch.equal(logits.argmax(-1), greedy["responses"])
+    assert torch.equal(response_logits(hf_base, greedy).argmax(-1), greedy["responses"])
     # Make a greedy token a stop token, at the latest step k where it first appears in its row
     # (a random model often repeats one token): that row must end at step k, mask 1 through the
     # stop token, pad and zero log-prob afterwards.
@@ -227,7 +181,7 @@ def test_greedy_and_stop_token(base_engine, hf_base):
 def test_sleep_and_wake_up_degrade_on_cpu(base_engine):
     from polyrl.interfaces import SamplingParams
 
-    _, prompts = _prompts()
+    prompts = left_padded_prompts()
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=4, seed=5)
     before = base_engine.generate(prompts, params)
     assert base_engine.sleep_enabled is False  # vLLM has no sleep mode on CPU
@@ -254,32 +208,18 @@ def test_prompt_too_long_is_a_clear_error(base_engine):
         )
 
 
-def _fixed_sequences():
-    return [[1, 40, 41, 42, 43, 7, 8, 9, 10, 11], [1, 50, 100, 200, 300, 2]]
-
-
-def _hf_scores(hf, seqs):
-    result = []
-    for seq in seqs:
-        ids = torch.tensor([seq])
-        with torch.no_grad():
-            logits = hf(input_ids=ids).logits.float()[0, :-1]
-        result.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1))
-    return result
-
-
 def test_weight_sync_from_another_checkpoint(base_engine, hf_base, models):
     """Stream a different model's HF state dict (plain HF names: q/k/v and gate/up are fused by
     vLLM's loader, the tied lm_head is skipped) and compare with transformers holding it."""
-    seqs = _fixed_sequences()
+    seqs = SEQUENCES
     before = base_engine.score_log_probs(seqs)
-    for got, want in zip(before, _hf_scores(hf_base, seqs)):
+    for got, want in zip(before, sequence_log_probs(hf_base, seqs)):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
-    other = _hf(models[1])
+    other = hf_causal_lm(models[1])
     base_engine.update_weights(iter(other.state_dict().items()))
     assert base_engine.last_sync["tensors"] == len(other.state_dict())
     after = base_engine.score_log_probs(seqs)
-    for got, want, old in zip(after, _hf_scores(other, seqs), before):
+    for got, want, old in zip(after, sequence_log_probs(other, seqs), before):
         assert torch.allclose(got, want, atol=ATOL, rtol=0)
         assert (got - old).abs().max() > 50 * ATOL
 
@@ -290,10 +230,10 @@ def test_bad_weight_streams_block_generation_until_a_complete_sync(base_engine, 
     from polyrl.interfaces import SamplingParams
     from polyrl_rollout_vllm.weights import WeightSyncError
 
-    seqs = _fixed_sequences()
-    want = _hf_scores(hf_base, seqs)
+    seqs = SEQUENCES
+    want = sequence_log_probs(hf_base, seqs)
     state = list(hf_base.state_dict().items())
-    _, prompts = _prompts()
+    prompts = left_padded_prompts()
     bad_streams = {
         "no module or parameter named": [("model.layers.0.bogus.weight", torch.zeros(3)), *state],
         "has shape": [(k, v[:-1] if k.endswith("o_proj.weight") else v) for k, v in state],
@@ -314,44 +254,11 @@ def test_weight_sync_from_fsdp_trainer(base_engine, models):
     then streams named_weights() into vLLM; vLLM's log-probs of fixed prompt+response tokens must
     equal the trainer's own compute_log_prob and differ from the pre-update ones."""
     pytest.importorskip("polyrl_engine_fsdp")
-    from polyrl.batch import Batch
-    from polyrl.interfaces import EngineContext
-    from polyrl_engine_fsdp.engine import FSDPEngine
 
-    ctx = EngineContext(
-        role="actor",
-        model_path=models[0],
-        model={"dtype": "float32"},
-        engine={
-            "fsdp_config": {"mixed_precision": False},
-            "optim": {"lr": 3e-2, "clip_grad": 0.0, "weight_decay": 0.0},
-            "ppo_micro_batch_size_per_gpu": 2,
-            "log_prob_micro_batch_size_per_gpu": 2,
-        },
-        device="cpu",
-        rank=0,
-        world_size=1,
-        seed=0,
-    )
-    actor = FSDPEngine(ctx)
+    actor = fsdp_actor(models[0], "cpu")
     # Fixed prompt+response batch in the trainer layout (prompt 4 tokens, response 5 tokens).
-    prompt = torch.tensor([[1, 40, 41, 42], [0, 1, 50, 51]])
-    pmask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
-    resp = torch.tensor([[7, 8, 9, 10, 11], [100, 200, 300, 2, 0]])
-    rmask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
-    mask = torch.cat([pmask, rmask], -1)
-    batch = Batch(
-        {
-            "input_ids": torch.cat([prompt, resp], -1),
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": resp,
-            "response_mask": rmask,
-        }
-    )
-    seqs = [
-        [t for t, m in zip(batch["input_ids"][i].tolist(), mask[i].tolist()) if m] for i in range(2)
-    ]
+    batch, seqs = trainer_batch()
+    rmask = batch["response_mask"]
 
     def vllm_response_log_probs() -> list[torch.Tensor]:
         scores = base_engine.score_log_probs(seqs)
@@ -363,12 +270,7 @@ def test_weight_sync_from_fsdp_trainer(base_engine, models):
         width = int(rmask[i].sum())
         assert torch.allclose(before[i], trainer_before[i, :width], atol=ATOL, rtol=0)
 
-    def loss_fn(micro, log_prob, entropy):
-        m = micro["response_mask"].to(log_prob.dtype)
-        loss = -(log_prob * m).sum() / m.sum()
-        return loss, {"loss": float(loss.detach())}
-
-    actor.train_step(batch, loss_fn)
+    actor.train_step(batch, response_nll_loss)
     trainer_after, _ = actor.compute_log_prob(batch)
     base_engine.update_weights(actor.named_weights())
     assert base_engine.last_sync["bytes"] > 0

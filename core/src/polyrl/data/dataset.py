@@ -48,6 +48,22 @@ def _cfg(node: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def read_parquet(file: str, what: str) -> Any:
+    """The ``pyarrow.Table`` of the parquet file ``file`` (``~`` expanded); a missing or
+    unreadable file is a :class:`DataError` naming it (``what``: the kind of file, e.g. "data")."""
+    import pyarrow.parquet as pq
+
+    path = Path(file).expanduser()
+    if not path.is_file():
+        raise DataError(f"{file}: no such {what} file")
+    try:
+        return pq.read_table(path)
+    except Exception as exc:
+        raise DataError(
+            f"{file}: not a readable parquet file ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 class RLDataset:
     """Prompts of one or more verl-format parquet files, tokenized.
 
@@ -128,17 +144,7 @@ class RLDataset:
 
     # ---- reading and checking -------------------------------------------------------------------
     def _read(self, file: str) -> list[dict[str, Any]]:
-        import pyarrow.parquet as pq
-
-        path = Path(file).expanduser()
-        if not path.is_file():
-            raise DataError(f"{file}: no such data file")
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:
-            raise DataError(
-                f"{file}: not a readable parquet file ({type(exc).__name__}: {exc})"
-            ) from exc
+        table = read_parquet(file, "data")
         columns = set(table.column_names)
         required = (self.source_key, self.prompt_key, "reward_model")
         missing = [c for c in required if c not in columns]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polyrl.data.dataset import TRUNCATION_MODES
+from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
 from polyrl.data.loader import PromptLoader
 from polyrl.errors import DataError
 
@@ -161,17 +161,7 @@ class PreferenceDataset:
         return int(pad) if isinstance(pad, int) else int(self.tokenizer.eos_token_id)
 
     def _read(self, file: str) -> list[dict[str, Any]]:
-        import pyarrow.parquet as pq
-
-        path = Path(file).expanduser()
-        if not path.is_file():
-            raise DataError(f"{file}: no such preference file")
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:
-            raise DataError(
-                f"{file}: not a readable parquet file ({type(exc).__name__}: {exc})"
-            ) from exc
+        table = read_parquet(file, "preference")
         missing = [c for c in RESPONSE_COLUMNS if c not in table.column_names]
         if missing:
             raise DataError(

@@ -46,3 +46,30 @@ class TrainingData:
 
     loader: BatchLoader
     validate: Validation | None = None
+
+
+def training_data_from_files(
+    cfg: Any,
+    tokenizer: Any,
+    dataset: Callable[[list[str], Any, Any], Any],
+    loader: Callable[..., BatchLoader],
+    validate: Callable[[Any, StepContext], dict[str, float]],
+) -> TrainingData:
+    """``dataset(files, tokenizer, cfg.data)`` of ``data.train_files`` in a
+    ``loader(train_set, data.train_batch_size, shuffle=, seed=)``; with ``data.val_files``, the
+    validation ``validate(val_set, ctx)`` on ``dataset`` of those."""
+    from functools import partial
+
+    from polyrl.data.sources import resolve_data_files
+
+    train_set = dataset(resolve_data_files(cfg.data.train_files, "train"), tokenizer, cfg.data)
+    batches = loader(
+        train_set,
+        int(cfg.data.train_batch_size),
+        shuffle=bool(cfg.data.shuffle),
+        seed=int(cfg.data.seed),
+    )
+    if not cfg.data.val_files:
+        return TrainingData(batches)
+    val_set = dataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
+    return TrainingData(batches, partial(validate, val_set))

@@ -12,7 +12,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,19 +77,9 @@ def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
     of its own, see ``AlgorithmSpec.data``)."""
     from polyrl.data.dataset import RLDataset
     from polyrl.data.loader import PromptLoader
-    from polyrl.data.sources import resolve_data_files
+    from polyrl.data.training import training_data_from_files
 
-    train_set = RLDataset(resolve_data_files(cfg.data.train_files, "train"), tokenizer, cfg.data)
-    loader = PromptLoader(
-        train_set,
-        int(cfg.data.train_batch_size),
-        shuffle=bool(cfg.data.shuffle),
-        seed=int(cfg.data.seed),
-    )
-    if not cfg.data.val_files:
-        return TrainingData(loader)
-    val_set = RLDataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
-    return TrainingData(loader, partial(validate_by_generation, val_set))
+    return training_data_from_files(cfg, tokenizer, RLDataset, PromptLoader, validate_by_generation)
 
 
 def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, float]:

@@ -40,6 +40,19 @@ class SPMDGroup:
         """``method(*per_rank_args[r])`` on every rank ``r`` at once; the outputs in rank order.
         ``what`` names the call in errors (default: ``method``); ``timeout_s`` bounds the whole
         call (None: no limit)."""
+        if len(per_rank_args) != self.world_size:
+            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.world_size} ranks")
+        return self._run(method, per_rank_args, what=what, timeout_s=timeout_s)
+
+    def _run(
+        self,
+        method: str,
+        per_rank_args: Sequence[tuple[Any, ...]],
+        *,
+        what: str | None,
+        timeout_s: float | None,
+    ) -> list[Any]:
+        """:meth:`run` once the argument tuples are known to be one per rank."""
         raise NotImplementedError
 
     def call(

@@ -44,16 +44,14 @@ class LocalWorkerGroup(SPMDGroup):
             ready_timeout_s,
         )
 
-    def run(
+    def _run(
         self,
         method: str,
         per_rank_args: Sequence[tuple[Any, ...]],
         *,
-        what: str | None = None,
-        timeout_s: float | None = None,
+        what: str | None,
+        timeout_s: float | None,
     ) -> list[Any]:
-        if len(per_rank_args) != self.world_size:
-            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.world_size} ranks")
         calls = [
             (lambda worker=worker, args=args: getattr(worker, method)(*args))
             for worker, args in zip(self.workers, per_rank_args)

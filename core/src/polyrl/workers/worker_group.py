@@ -151,16 +151,14 @@ class WorkerGroup(SPMDGroup):
             self.shutdown()
             raise
 
-    def run(
+    def _run(
         self,
         method: str,
         per_rank_args: Sequence[tuple[Any, ...]],
         *,
-        what: str | None = None,
-        timeout_s: float | None = None,
+        what: str | None,
+        timeout_s: float | None,
     ) -> list[Any]:
-        if len(per_rank_args) != self.world_size:
-            raise ValueError(f"{len(per_rank_args)} argument tuples for {self.world_size} ranks")
         # A batch several ranks receive (broadcast, or tensor-parallel peers of one dp rank)
         # goes into the object store once.
         stored: dict[int, Any] = {}

@@ -12,12 +12,10 @@ the driver.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 from polyrl.data.preference import PreferenceDataset, PreferenceLoader, collate_pairs
-from polyrl.data.sources import resolve_data_files
-from polyrl.data.training import TrainingData
+from polyrl.data.training import TrainingData, training_data_from_files
 from polyrl.step import StepContext
 from polyrl.step.stages import MODEL_INPUT_KEYS
 from polyrl_algo_dpo.config import LOSS_TYPES, dpo_settings
@@ -27,19 +25,9 @@ HEADLINE_METRICS = ("rewards/accuracies", "rewards/margins")
 
 def preference_data(cfg: Any, tokenizer: Any) -> TrainingData:
     """The loader of training pairs and, with ``data.val_files``, the validation on pairs."""
-    train = PreferenceDataset(
-        resolve_data_files(cfg.data.train_files, "train"), tokenizer, cfg.data
+    return training_data_from_files(
+        cfg, tokenizer, PreferenceDataset, PreferenceLoader, validate_preferences
     )
-    loader = PreferenceLoader(
-        train,
-        int(cfg.data.train_batch_size),
-        shuffle=bool(cfg.data.shuffle),
-        seed=int(cfg.data.seed),
-    )
-    if not cfg.data.val_files:
-        return TrainingData(loader)
-    val = PreferenceDataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
-    return TrainingData(loader, partial(validate_preferences, val))
 
 
 def validate_preferences(val_set: PreferenceDataset, ctx: StepContext) -> dict[str, float]:

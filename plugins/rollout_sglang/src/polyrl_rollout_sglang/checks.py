@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from polyrl import rollout_config
 from polyrl.config.checks import role_world
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -47,14 +48,9 @@ def bucket_problem(megabytes: Any) -> str | None:
 
 def engine_kwargs_problem(raw: Any) -> str | None:
     """``engine_kwargs`` is a mapping; verl's nested ``engine_kwargs.sglang`` too."""
-    if not isinstance(raw, dict):
-        return (
-            f"{ROLLOUT}.engine_kwargs must be a mapping of SGLang engine arguments, got "
-            f"{type(raw).__name__}: {raw!r}"
-        )
-    if set(raw) & BACKEND_SECTIONS and not isinstance(raw.get("sglang") or {}, dict):
-        return f"{ROLLOUT}.engine_kwargs.sglang must be a mapping, got {raw['sglang']!r}"
-    return None
+    return rollout_config.engine_kwargs_problem(
+        raw, backend="sglang", engine_name="SGLang", sections=BACKEND_SECTIONS
+    )
 
 
 def original_logprob_problem(environ: dict[str, str]) -> str | None:

@@ -26,12 +26,10 @@ sync (:mod:`polyrl_rollout_sglang.weight_sync`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from polyrl.config.nodes import schema_node
+from polyrl import rollout_config
+from polyrl.rollout_config import DTYPE_ALIASES, SEED_STRIDE, rollout_node
 from polyrl_rollout_sglang.checks import (
     BACKEND_SECTIONS,
     bucket_problem,
@@ -42,37 +40,17 @@ from polyrl_rollout_sglang.checks import (
 from polyrl_rollout_sglang.errors import SGLangRolloutConfigError
 from polyrl_rollout_sglang.tensor_parallel import TensorParallelPlacement
 
-SEED_STRIDE = 1_000_003
-
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def rollout_node(config: Any) -> Any:
-    """The ``actor_rollout_ref.rollout`` node to read by attribute: a ``DictConfig`` (from the
-    schema) as is; a plain or partial dict, or a :class:`~polyrl.config.schema.RolloutConfig`,
-    merged over the schema's node (every default comes from the schema)."""
-    return schema_node(config, "actor_rollout_ref.rollout")
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers and mappings to plain dicts/lists (SGLang validates plain types)."""
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
 
 def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
     """``engine_kwargs`` as SGLang arguments. verl nests them per backend
     (``engine_kwargs.sglang.<arg>``); a flat mapping is accepted too."""
-    raw = _plain(rollout_node(config).engine_kwargs)
-    problem = engine_kwargs_problem(raw)
-    if problem:
-        raise SGLangRolloutConfigError(problem)
-    if set(raw) & BACKEND_SECTIONS:
-        return dict(raw.get("sglang") or {})
-    return dict(raw)
+    return rollout_config.passthrough_engine_kwargs(
+        config,
+        backend="sglang",
+        sections=BACKEND_SECTIONS,
+        problem=engine_kwargs_problem,
+        error=SGLangRolloutConfigError,
+    )
 
 
 def bucket_bytes(config: Any) -> int:
@@ -119,7 +97,7 @@ def build_engine_args(
     base_seed = seed if config.seed is None else config.seed
     args: dict[str, Any] = {
         "model_path": model_path,
-        "dtype": _DTYPE_ALIASES.get(dtype, dtype),
+        "dtype": DTYPE_ALIASES.get(dtype, dtype),
         "random_seed": int(base_seed) + SEED_STRIDE * placement.dp_rank,
         "mem_fraction_static": float(config.gpu_memory_utilization),
         "tp_size": tp,

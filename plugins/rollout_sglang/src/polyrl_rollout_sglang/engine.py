@@ -236,16 +236,10 @@ class SGLangRolloutEngine(RolloutEngine):
         finally:
             if leader:
                 self.engine.flush_cache()
-        missing = checker.missing()
-        if missing:
-            self.weights_invalid = (
-                f"the last weight sync left out {len(missing)} of {len(self.manifest)} tensors "
-                f"(e.g. {missing[:3]})"
-            )
-            raise WeightSyncError(
-                f"update_weights() received {stats.tensors} tensors but not {len(missing)} the "
-                f"model has, e.g. {missing[:3]}: the weight stream must hold the full model"
-            )
+        incomplete = checker.incomplete(stats.tensors)
+        if incomplete:
+            self.weights_invalid, message = incomplete
+            raise WeightSyncError(message)
         self.weights_invalid = None
         self.last_sync = {
             "tensors": float(stats.tensors),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from polyrl.errors import ConfigError, PolyrlError
+from polyrl.rollout_config import RolloutEngineNotInstalledError
 
 INSTALL_HINT = (
     "install SGLang through this package's extra on an NVIDIA GPU machine: "
@@ -11,18 +12,13 @@ INSTALL_HINT = (
 )
 
 
-class SGLangNotInstalledError(PolyrlError, ImportError):
-    """``actor_rollout_ref.rollout.name=sglang`` was selected but ``import sglang`` fails.
+class SGLangNotInstalledError(RolloutEngineNotInstalledError):
+    """``actor_rollout_ref.rollout.name=sglang`` was selected but ``import sglang`` fails (also an
+    :class:`ImportError`)."""
 
-    Also an :class:`ImportError`, so code that probes optional backends with
-    ``except ImportError`` keeps working.
-    """
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(
-            f"the 'sglang' rollout engine needs SGLang, which cannot be imported here "
-            f"({type(cause).__name__}: {cause}); {INSTALL_HINT}"
-        )
+    engine = "sglang"
+    library = "SGLang"
+    install_hint = INSTALL_HINT
 
 
 class SGLangRolloutConfigError(ConfigError):

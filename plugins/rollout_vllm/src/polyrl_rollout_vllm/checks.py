@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from polyrl import rollout_config
 from polyrl.config.checks import role_world
 
 ROLLOUT = "actor_rollout_ref.rollout"
+# The keys that mark engine_kwargs as nested per backend (verl's layout).
+BACKEND_SECTIONS = {"vllm", "sglang"}
 DTYPES = {"bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float", "auto"}
 
 
@@ -38,14 +41,9 @@ def tensor_parallel_problem(tp: Any, device: str) -> str | None:
 
 def engine_kwargs_problem(raw: Any) -> str | None:
     """verl nests engine arguments per backend (``engine_kwargs.vllm``); each must be a mapping."""
-    if not isinstance(raw, dict):
-        return (
-            f"{ROLLOUT}.engine_kwargs must be a mapping of vLLM engine arguments, got "
-            f"{type(raw).__name__}: {raw!r}"
-        )
-    if set(raw) & {"vllm", "sglang"} and not isinstance(raw.get("vllm") or {}, dict):
-        return f"{ROLLOUT}.engine_kwargs.vllm must be a mapping, got {raw['vllm']!r}"
-    return None
+    return rollout_config.engine_kwargs_problem(
+        raw, backend="vllm", engine_name="vLLM", sections=BACKEND_SECTIONS
+    )
 
 
 def check_config(cfg: Any) -> list[str]:

@@ -22,13 +22,16 @@ keys to vLLM's arguments is readable in one place:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from polyrl.config.nodes import schema_node
-from polyrl_rollout_vllm.checks import dtype_problem, engine_kwargs_problem, tensor_parallel_problem
+from polyrl import rollout_config
+from polyrl.rollout_config import DTYPE_ALIASES, SEED_STRIDE, rollout_node
+from polyrl_rollout_vllm.checks import (
+    BACKEND_SECTIONS,
+    dtype_problem,
+    engine_kwargs_problem,
+    tensor_parallel_problem,
+)
 from polyrl_rollout_vllm.errors import VLLMRolloutConfigError
 
 # Log-probs of the sampled token after temperature and top-k/top-p: log_softmax(logits / T)
@@ -42,37 +45,17 @@ LOGPROBS_MODE = "processed_logprobs"
 CPU_KV_CACHE_MIN_BYTES = 64 << 20
 CPU_KV_CACHE_MAX_BYTES = 2 << 30
 
-SEED_STRIDE = 1_000_003
-
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def rollout_node(config: Any) -> Any:
-    """The ``actor_rollout_ref.rollout`` node to read by attribute: a ``DictConfig`` (from the
-    schema) as is; a plain or partial dict, or a :class:`~polyrl.config.schema.RolloutConfig`,
-    merged over the schema's node (every default comes from the schema)."""
-    return schema_node(config, "actor_rollout_ref.rollout")
-
-
-def to_plain(value: Any) -> Any:
-    """OmegaConf containers and mappings to plain dicts/lists (vLLM validates plain types)."""
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {k: to_plain(v) for k, v in value.items()}
-    return value
-
 
 def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
     """``engine_kwargs`` as vLLM arguments. verl nests them per backend
     (``engine_kwargs.vllm.<arg>``); a flat mapping is accepted too."""
-    raw = to_plain(rollout_node(config).engine_kwargs)
-    problem = engine_kwargs_problem(raw)
-    if problem:
-        raise VLLMRolloutConfigError(problem)
-    if set(raw) & {"vllm", "sglang"}:
-        return dict(raw.get("vllm") or {})
-    return dict(raw)
+    return rollout_config.passthrough_engine_kwargs(
+        config,
+        backend="vllm",
+        sections=BACKEND_SECTIONS,
+        problem=engine_kwargs_problem,
+        error=VLLMRolloutConfigError,
+    )
 
 
 def kv_cache_bytes_estimate(
@@ -114,7 +97,7 @@ def build_engine_args(
     if problem:
         raise VLLMRolloutConfigError(problem)
     dtype = str(config.dtype).lower()
-    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     tp = int(config.tensor_model_parallel_size)
     problem = tensor_parallel_problem(tp, device)
     if problem:

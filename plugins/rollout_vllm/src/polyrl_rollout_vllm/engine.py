@@ -262,16 +262,10 @@ class VLLMRolloutEngine(RolloutEngine):
             ) from exc
         finally:
             self.llm.reset_prefix_cache()
-        missing = checker.missing()
-        if missing:
-            self.weights_invalid = (
-                f"the last weight sync left out {len(missing)} of {len(self.manifest)} tensors "
-                f"(e.g. {missing[:3]})"
-            )
-            raise WeightSyncError(
-                f"update_weights() received {stats['tensors']} tensors but not {len(missing)} "
-                f"the model has, e.g. {missing[:3]}: the weight stream must hold the full model"
-            )
+        incomplete = checker.incomplete(stats["tensors"])
+        if incomplete:
+            self.weights_invalid, message = incomplete
+            raise WeightSyncError(message)
         self.weights_invalid = None
         seconds = time.perf_counter() - start
         self.last_sync = {

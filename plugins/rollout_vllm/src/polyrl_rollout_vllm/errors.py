@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from polyrl.errors import ConfigError, PolyrlError
+from polyrl.errors import ConfigError
+from polyrl.rollout_config import RolloutEngineNotInstalledError
 
 INSTALL_HINT = (
     "install vLLM through one of this package's extras: "
@@ -12,18 +13,13 @@ INSTALL_HINT = (
 )
 
 
-class VLLMNotInstalledError(PolyrlError, ImportError):
-    """``actor_rollout_ref.rollout.name=vllm`` was selected but ``import vllm`` fails.
+class VLLMNotInstalledError(RolloutEngineNotInstalledError):
+    """``actor_rollout_ref.rollout.name=vllm`` was selected but ``import vllm`` fails (also an
+    :class:`ImportError`)."""
 
-    Also an :class:`ImportError`, so code that probes optional backends with
-    ``except ImportError`` keeps working.
-    """
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(
-            f"the 'vllm' rollout engine needs vLLM, which cannot be imported here "
-            f"({type(cause).__name__}: {cause}); {INSTALL_HINT}"
-        )
+    engine = "vllm"
+    library = "vLLM"
+    install_hint = INSTALL_HINT
 
 
 class VLLMRolloutConfigError(ConfigError):
