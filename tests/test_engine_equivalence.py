@@ -18,6 +18,7 @@ import torch
 
 from polyrl.batch import Batch
 from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_fsdp.testing import composed_context, ragged_batch
 
 # Located, not imported: collecting this file must not load DeepSpeed into the test process.
 pytestmark = pytest.mark.skipif(
@@ -55,21 +56,7 @@ def _model(path: str) -> str:
 
 def _batch() -> Batch:
     generator = torch.Generator().manual_seed(0)
-    rows, width = len(PROMPT_LENS), PROMPT_W + RESP_W
-    ids = torch.zeros((rows, width), dtype=torch.long)
-    mask = torch.zeros((rows, width), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(PROMPT_LENS, RESP_LENS)):
-        ids[i, PROMPT_W - p : PROMPT_W + r] = torch.randint(3, 400, (p + r,), generator=generator)
-        mask[i, PROMPT_W - p : PROMPT_W + r] = 1
-    return Batch(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-            "responses": ids[:, PROMPT_W:].clone(),
-            "response_mask": mask[:, PROMPT_W:].clone(),
-        }
-    )
+    return ragged_batch(PROMPT_LENS, RESP_LENS, PROMPT_W, RESP_W, generator)
 
 
 def _context(
@@ -84,45 +71,29 @@ def _context(
     world: int = WORLD,
 ):
     """The same run config for every engine; only the strategy (and its own section) differs."""
-    from omegaconf import OmegaConf
-
-    from polyrl.config.schema import PolyrlConfig
-    from polyrl.interfaces.training_engine import EngineContext
-
-    cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
-        {
-            "actor_rollout_ref": {
-                "model": {"path": path, "dtype": dtype},
-                "actor": {
-                    "strategy": strategy,
-                    "use_dynamic_bsz": True,
-                    "ppo_max_token_len_per_gpu": 13,
-                    "optim": {
-                        "lr": 5e-3,
-                        "betas": [0.9, 0.99],
-                        "weight_decay": 0.1,
-                        "clip_grad": 1.0,
-                        "lr_warmup_steps": 2,
-                    },
-                    "fsdp_config": {"mixed_precision": dtype != "float32"},
-                    "megatron": {"tensor_model_parallel_size": tensor_parallel},
-                },
-            },
-            "plugins": {"deepspeed": {"zero_stage": zero_stage}},
+    actor = {
+        "strategy": strategy,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 13,
+        "optim": {
+            "lr": 5e-3,
+            "betas": [0.9, 0.99],
+            "weight_decay": 0.1,
+            "clip_grad": 1.0,
+            "lr_warmup_steps": 2,
         },
-    )
-    arr = cfg.actor_rollout_ref
-    return EngineContext(
-        role="actor",
-        model_path=path,
-        model=arr.model,
-        engine=arr.actor,
+        "fsdp_config": {"mixed_precision": dtype != "float32"},
+        "megatron": {"tensor_model_parallel_size": tensor_parallel},
+    }
+    return composed_context(
+        path,
+        model={"dtype": dtype},
+        actor=actor,
+        plugins={"deepspeed": {"zero_stage": zero_stage}},
         device=device,
         rank=rank,
         world_size=world,
         seed=5,
-        total_training_steps=4,
     )
 
 

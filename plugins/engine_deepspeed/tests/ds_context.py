@@ -1,19 +1,16 @@
 """Engine contexts for the DeepSpeed engine's tests, built as a run builds them.
 
 The engine reads ``plugins.deepspeed`` from the run config its ``model`` node belongs to, so a
-test composes a whole config from the schema (with its overrides) and hands the engine the
-``actor_rollout_ref.model`` and ``actor_rollout_ref.actor`` nodes of it, exactly as the worker
-does.
+test composes a whole config (:func:`polyrl_engine_fsdp.testing.composed_context`) with the
+``plugins.deepspeed`` section it wants.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from polyrl.config.schema import PolyrlConfig
 from polyrl.interfaces.training_engine import EngineContext
+from polyrl_engine_fsdp.testing import composed_context
 
 
 def ds_context(
@@ -28,22 +25,14 @@ def ds_context(
     seed: int = 3,
     total_training_steps: int = 4,
 ) -> EngineContext:
-    cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
-        {
-            "actor_rollout_ref": {"model": {"path": model_path, **model}, "actor": engine},
-            "plugins": {"deepspeed": deepspeed},
-        },
-    )
-    return EngineContext(
-        role=role,
-        model_path=model_path,
-        model=cfg.actor_rollout_ref.model,
-        engine=cfg.actor_rollout_ref.actor,
-        device="cpu",
+    return composed_context(
+        model_path,
+        model=model,
+        actor=engine,
+        plugins={"deepspeed": deepspeed},
         rank=rank,
         world_size=world_size,
+        role=role,
         seed=seed,
         total_training_steps=total_training_steps,
-        trainable=role != "ref",
     )

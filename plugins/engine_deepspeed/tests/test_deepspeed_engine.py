@@ -14,6 +14,7 @@ from ds_context import ds_context
 from polyrl.batch import Batch
 from polyrl.models.tiny import build_tiny_model
 from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_fsdp.testing import ragged_batch
 
 WORLD = 2
 PROMPT_W, RESP_W = 5, 6
@@ -25,20 +26,7 @@ def _batch(seed: int) -> Batch:
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(1, PROMPT_W + 1, (8,), generator=generator)
     response = torch.randint(1, RESP_W + 1, (8,), generator=generator)
-    ids = torch.zeros((8, PROMPT_W + RESP_W), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, r) in enumerate(zip(prompt.tolist(), response.tolist())):
-        ids[i, PROMPT_W - p : PROMPT_W + r] = torch.randint(3, 400, (p + r,), generator=generator)
-        mask[i, PROMPT_W - p : PROMPT_W + r] = 1
-    return Batch(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-            "responses": ids[:, PROMPT_W:].clone(),
-            "response_mask": mask[:, PROMPT_W:].clone(),
-        }
-    )
+    return ragged_batch(prompt.tolist(), response.tolist(), PROMPT_W, RESP_W, generator)
 
 
 def _ctx(rank: int, path: str, stage: int, role: str = "actor", dtype: str = "bfloat16"):

@@ -1,14 +1,13 @@
 """Engine contexts for the Megatron engine's tests, built as a run builds them: a whole config
-composed from the schema, whose ``actor_rollout_ref.model`` and ``.actor`` nodes the engine gets."""
+composed from the schema (:func:`polyrl_engine_fsdp.testing.composed_context`) with
+``strategy=megatron`` and the tensor-parallel size, on CUDA."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from polyrl.config.schema import PolyrlConfig
 from polyrl.interfaces.training_engine import EngineContext
+from polyrl_engine_fsdp.testing import composed_context
 
 
 def megatron_context(
@@ -22,28 +21,18 @@ def megatron_context(
     role: str = "actor",
     total_training_steps: int = 4,
 ) -> EngineContext:
-    cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
-        {
-            "actor_rollout_ref": {
-                "model": {"path": model_path, "dtype": dtype},
-                "actor": {
-                    "strategy": "megatron",
-                    "megatron": {"tensor_model_parallel_size": tensor_parallel},
-                    **engine,
-                },
-            }
-        },
-    )
-    return EngineContext(
-        role=role,
-        model_path=model_path,
-        model=cfg.actor_rollout_ref.model,
-        engine=cfg.actor_rollout_ref.actor,
+    actor = {
+        "strategy": "megatron",
+        "megatron": {"tensor_model_parallel_size": tensor_parallel},
+        **engine,
+    }
+    return composed_context(
+        model_path,
+        model={"dtype": dtype},
+        actor=actor,
         device="cuda",
         rank=rank,
         world_size=world_size,
-        seed=3,
+        role=role,
         total_training_steps=total_training_steps,
-        trainable=role != "ref",
     )

@@ -602,6 +602,10 @@ class TrainingEngineConformance(_PluginConformance):
     An engine whose spec sets ``supports_value_head`` (it can run a PPO critic) also sets
     ``check_value_head = True`` and implements ``make_value_engine(self, tmp_path)``: the same
     tiny model built with ``EngineContext(head=ModelHead.VALUE, trainable=True)``.
+
+    An engine that skips an optimizer step whose grad norm is not finite, and exposes
+    ``global_step`` and its LR ``scheduler`` (the bundled engines do), sets
+    ``check_non_finite_skip = True`` to have that tested.
     """
 
     kind = PluginKind.TRAINING_ENGINE
@@ -610,6 +614,7 @@ class TrainingEngineConformance(_PluginConformance):
     response_length: ClassVar[int] = 4
     batch_rows: ClassVar[int] = 2
     check_value_head: ClassVar[bool] = False
+    check_non_finite_skip: ClassVar[bool] = False
 
     def make_engine(self, tmp_path: Any) -> Any:
         raise TypeError(f"{type(self).__name__} must define make_engine(self, tmp_path)")
@@ -716,6 +721,29 @@ class TrainingEngineConformance(_PluginConformance):
         target = tmp_path / "hf"
         engine.export_hf(str(target))
         assert (target / "config.json").is_file(), "export_hf must write a Hugging Face folder"
+
+    def test_non_finite_grad_norm_skips_the_update(self, engine: Any) -> None:
+        """A NaN loss: weights stay, the step is reported as skipped, the schedule still
+        advances, and the next finite step trains normally (``check_non_finite_skip``)."""
+        import torch
+
+        if not self.check_non_finite_skip:
+            pytest.skip("check_non_finite_skip = False")
+        batch = self.make_batch()
+        before = {k: v.clone() for k, v in engine.named_weights()}
+
+        def nan_loss(micro_batch: Any, log_prob: Any, entropy: Any) -> Any:
+            return log_prob.sum() * float("nan"), {}
+
+        metrics = engine.train_step(batch, nan_loss)
+        assert not math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/skipped_step"] == 1
+        assert engine.global_step == 1 and engine.scheduler.last_epoch == 1
+        for name, tensor in engine.named_weights():
+            assert torch.equal(tensor, before[name]), name
+        metrics = engine.train_step(batch, self.nll_loss_fn(batch))
+        assert math.isfinite(metrics["actor/grad_norm"]) and "actor/skipped_step" not in metrics
+        changed = [n for n, t in engine.named_weights() if not torch.equal(t, before[n])]
+        assert changed
 
     # ---- value head (a critic), for engines whose spec sets supports_value_head ---------------
     @pytest.fixture

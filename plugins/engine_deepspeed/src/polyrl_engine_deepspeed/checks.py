@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from polyrl_engine_deepspeed.settings import SECTION, DeepSpeedSettings, settings_problems
-from polyrl_engine_fsdp.checks import DTYPES, batch_problems, dtype_name, optim_problems
+from polyrl_engine_fsdp.checks import DTYPES, actor_ref_problems, dtype_name
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -48,11 +48,7 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
-    problems += batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
-    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
-    problems += batch_problems(ref, REF, own)
-    problems += optim_problems(actor.optim, ACTOR, core_checked=True)
+    problems += actor_ref_problems(actor, ref)
     problems += fsdp_keys_problems(actor, ACTOR)
     return problems + settings_problems(_known_settings(cfg))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -28,37 +27,35 @@ from polyrl.batch import Batch
 from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
 from polyrl_engine_deepspeed import checkpoint as ds_ckpt
 from polyrl_engine_deepspeed.ds_config import deepspeed_config
-from polyrl_engine_deepspeed.scoring import (
+from polyrl_engine_deepspeed.settings import deepspeed_settings
+from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
+from polyrl_engine_fsdp.config import resolve_settings
+from polyrl_engine_fsdp.errors import EngineUsageError
+from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
+from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
+from polyrl_engine_fsdp.runtime import (
+    default_backend,
+    join_default_group,
+    resolve_device,
+    seed_everything,
+)
+from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
+from polyrl_engine_fsdp.scoring import (
     MODEL_KEYS,
     accepts_logits_to_keep,
     check_batch,
     dummy_logits,
     response_log_probs,
-    response_mask,
 )
-from polyrl_engine_deepspeed.settings import deepspeed_settings
-from polyrl_engine_fsdp.checkpoint import rng_state, set_rng_state, write_hf_folder
-from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.engine import EngineUsageError, seed_everything
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.microbatch import (
-    equalize_count,
-    fixed_partition,
-    row_lengths,
-    token_budget_partition,
+from polyrl_engine_fsdp.training import (
+    EntropyMean,
+    accumulate,
+    entropy_mode,
+    policy_micro_loss,
+    report_step,
+    require_trainable,
 )
-from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
-from polyrl_engine_fsdp.schedule import build_scheduler
-
-
-def _device(name: str) -> torch.device:
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise EngineUsageError("trainer.device=cuda but torch sees no CUDA device")
-        return torch.device("cuda", torch.cuda.current_device())
-    if name != "cpu":
-        raise EngineUsageError(f"device {name!r} is not supported by DeepSpeed here: cpu or cuda")
-    return torch.device("cpu")
 
 
 def _join_process_group(ctx: EngineContext, device: torch.device) -> None:
@@ -68,19 +65,7 @@ def _join_process_group(ctx: EngineContext, device: torch.device) -> None:
     reads ``LOCAL_RANK`` from the environment, which the polyrl worker sets (and which is 0 for
     a lone process).
     """
-    if not dist.is_initialized():
-        if ctx.world_size != 1:
-            raise EngineUsageError(
-                f"torch.distributed is not initialised but world_size={ctx.world_size}; the "
-                f"worker must call torch.distributed.init_process_group before building the engine"
-            )
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    if dist.get_world_size() != ctx.world_size or dist.get_rank() != ctx.rank:
-        raise EngineUsageError(
-            f"EngineContext says rank {ctx.rank} of {ctx.world_size} but the default process "
-            f"group is rank {dist.get_rank()} of {dist.get_world_size()}"
-        )
+    join_default_group(ctx, default_backend(device))
     if ctx.world_size == 1:
         os.environ.setdefault("LOCAL_RANK", "0")
     elif "LOCAL_RANK" not in os.environ:
@@ -100,7 +85,7 @@ class DeepSpeedEngine(TrainingEngine):
             ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
         )
         self.zero = deepspeed_settings(ctx.model)
-        self.device = _device(ctx.device)
+        self.device = resolve_device(ctx.device, "DeepSpeed here")
         _join_process_group(ctx, self.device)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         seed_everything(ctx.seed)
@@ -111,9 +96,7 @@ class DeepSpeedEngine(TrainingEngine):
         optim = self.settings.optim
         optimizer = None
         if self.trainable:
-            optimizer = torch.optim.AdamW(
-                model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
-            )
+            optimizer = build_adamw(model.parameters(), optim)
         else:
             model.requires_grad_(False)
         config = deepspeed_config(
@@ -139,19 +122,8 @@ class DeepSpeedEngine(TrainingEngine):
         """Row groups for this rank and the number of dummy passes to match the other ranks:
         ZeRO-3 gathers parameters in every forward and ZeRO-2/3 reduce gradients in every
         backward, collectives that every rank must join."""
-        s = self.settings
-        if s.use_dynamic_bsz:
-            budget = s.max_token_len if training else s.log_prob_max_token_len
-            key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
-            lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
-            groups = token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
-        else:
-            size = s.micro_batch_size if training else s.log_prob_micro_batch_size
-            groups = fixed_partition(len(batch), size)
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        count = torch.tensor([len(groups)], dtype=torch.long, device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return equalize_count(groups, int(count.item()))
+        groups = plan_micro_batches(batch, self.settings, training)
+        return equalize_over_ranks(groups, self.device)
 
     def _score(
         self, micro: Batch, temperature: float, entropy: EntropyMode
@@ -169,7 +141,7 @@ class DeepSpeedEngine(TrainingEngine):
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        check_batch(batch)
+        check_batch(batch, "DeepSpeed")
         groups, dummies = self._micro_batches(batch, training=False)
         rows, width = batch["responses"].shape
         log_probs = torch.zeros((rows, width), dtype=torch.float32)
@@ -199,52 +171,20 @@ class DeepSpeedEngine(TrainingEngine):
         ``meta`` keys ``mini_batch_rows``, ``mini_batch_response_tokens`` (this rank's) and
         ``num_micro_batches``; DeepSpeed accumulates the gradients of all of them until the
         step (``managed_gradient_accumulation: false``), without rescaling the losses."""
-        if self.optimizer is None or self.scheduler is None:
-            raise EngineUsageError(
-                f"train_step called on a non-trainable engine (role {self.ctx.role!r}); "
-                f"only the actor role trains"
-            )
-        check_batch(mini_batch)
+        require_trainable(self.optimizer, self.scheduler, self.ctx.role)
+        check_batch(mini_batch, "DeepSpeed")
         groups, dummies = self._micro_batches(mini_batch, training=True)
-        entropy_mode = (
-            EntropyMode.GRAD if self.settings.entropy_coeff != 0 else EntropyMode.DETACHED
-        )
-        meta = {
-            "mini_batch_rows": len(mini_batch),
-            "mini_batch_response_tokens": float(response_mask(mini_batch).sum()),
-            "num_micro_batches": len(groups),
-        }
+        mode = entropy_mode(self.settings.entropy_coeff)
+        entropy = EntropyMean()
+        micro_loss = policy_micro_loss(self._score, loss_fn, temperature, mode, entropy)
         self.engine.train()
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        entropy_sum, entropy_tokens = 0.0, 0.0
-        for group in groups:
-            micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(self.device)
-            micro.meta.update(meta)
-            log_prob, ent = self._score(micro, temperature, entropy_mode)
-            passed = ent if entropy_mode == EntropyMode.GRAD else None
-            loss, metrics = loss_fn(micro, log_prob, passed)
-            self.engine.backward(loss)
-            for key, value in metrics.items():
-                sums[key] += float(value)
-                counts[key] += 1
-            if ent is not None:
-                mask = response_mask(micro).to(ent.dtype)
-                entropy_sum += float((ent.detach() * mask).sum())
-                entropy_tokens += float(mask.sum())
+        result = accumulate(mini_batch, groups, self.device, micro_loss, self.engine.backward)
         for _ in range(dummies):
             self.engine.backward(dummy_logits(self.engine, self.device).float().sum() * 0.0)
 
         grad_norm, lr, applied = self._optimizer_step()
-        result = {key: sums[key] / counts[key] for key in sums}
-        p = self.metric_prefix
-        if f"{p}/entropy" not in result and entropy_tokens > 0:
-            result[f"{p}/entropy"] = entropy_sum / entropy_tokens
-        result[f"{p}/grad_norm"] = grad_norm
-        result[f"{p}/lr"] = lr
-        if not applied:
-            result[f"{p}/skipped_step"] = 1.0
-        return result
+        entropy.report(result, self.metric_prefix)
+        return report_step(result, self.metric_prefix, grad_norm, lr, applied)
 
     def _optimizer_step(self) -> tuple[float, float, bool]:
         """DeepSpeed's step (reduce, clip, AdamW; skipped on a non-finite grad norm), then the
@@ -255,10 +195,7 @@ class DeepSpeedEngine(TrainingEngine):
         applied = bool(self.engine.was_step_applied())
         norm = self.engine.get_global_grad_norm()
         grad_norm = float(norm) if applied and norm is not None else math.inf
-        with warnings.catch_warnings():
-            if not applied:  # torch warns when the schedule moves before any optimizer.step()
-                warnings.simplefilter("ignore", UserWarning)
-            self.scheduler.step()
+        advance_schedule(self.scheduler, skipped=not applied)
         self.global_step += 1
         return grad_norm, lr, applied
 
@@ -301,19 +238,14 @@ class DeepSpeedEngine(TrainingEngine):
 
     def save_checkpoint(self, path: str) -> None:
         extra = {
-            "global_step": self.global_step,
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "rng": rng_state(self.device),
+            **loop_state(self.global_step, self.scheduler, self.device),
             "layout": self._layout(),
         }
         ds_ckpt.save(path, self.engine, extra)
 
     def load_checkpoint(self, path: str) -> None:
         extra = ds_ckpt.load(path, self.engine, self._layout(), with_optimizer=self.trainable)
-        self.global_step = int(extra["global_step"])
-        if self.scheduler is not None and extra.get("scheduler") is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
-        set_rng_state(extra["rng"], self.device)
+        self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
     def _layout(self) -> dict[str, int]:
@@ -325,14 +257,7 @@ class DeepSpeedEngine(TrainingEngine):
     def export_hf(self, path: str) -> None:
         rank0 = dist.get_rank() == 0
         state = {name: tensor.cpu() for name, tensor in self.named_weights() if rank0}
-        if rank0:
-            write_hf_folder(
-                path,
-                state,
-                self.hf_config,
-                torch_dtype(self.settings.dtype),
-                self.settings.tokenizer_path or self.ctx.model_path,
-                self.settings.trust_remote_code,
-            )
+        dtype = torch_dtype(self.settings.dtype)
+        export_on_rank0(path, state, self.hf_config, dtype, self.settings, self.ctx.model_path)
         del state
         dist.barrier()

@@ -129,6 +129,46 @@ def _has_optimizer_state(path: str) -> bool:
     return any(key.startswith("optim.") for key in metadata.state_dict_metadata)
 
 
+def loop_state(global_step: int, scheduler: Any, device: torch.device) -> dict[str, Any]:
+    """What every engine saves besides weights and optimizer: the step counter, the LR
+    schedule and this rank's RNG states (engines add their layout)."""
+    return {
+        "global_step": global_step,
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "rng": rng_state(device),
+    }
+
+
+def restore_loop_state(extra: dict[str, Any], scheduler: Any, device: torch.device) -> int:
+    """Put back what :func:`loop_state` saved; return the step counter."""
+    if scheduler is not None and extra.get("scheduler") is not None:
+        scheduler.load_state_dict(extra["scheduler"])
+    set_rng_state(extra["rng"], device)
+    return int(extra["global_step"])
+
+
+def export_on_rank0(
+    path: str,
+    state: dict[str, torch.Tensor],
+    hf_config: Any,
+    dtype: torch.dtype,
+    settings: Any,
+    model_path: str,
+) -> None:
+    """On rank 0, ``state`` (whole, on its CPU) as a Hugging Face folder with the tokenizer of
+    ``settings.tokenizer_path`` (else ``model_path``); other ranks do nothing (the engine frees
+    its copy and then waits at a barrier)."""
+    if dist.get_rank() == 0:
+        write_hf_folder(
+            path,
+            state,
+            hf_config,
+            dtype,
+            settings.tokenizer_path or model_path,
+            settings.trust_remote_code,
+        )
+
+
 def full_state_dict_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model on rank 0's CPU (other ranks get an empty dict); collective."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -48,7 +48,7 @@ def scheduler_type(optim: Any) -> str:
     return str(optim.warmup_style if optim.warmup_style is not None else optim.lr_scheduler_type)
 
 
-def _positive_int(value: Any) -> bool:
+def positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -57,7 +57,7 @@ def batch_problems(node: Any, prefix: str, keys: tuple[str, ...]) -> list[str]:
     return [
         f"{prefix}.{key} must be a positive integer, got {getattr(node, key)!r}"
         for key in keys
-        if not _positive_int(getattr(node, key))
+        if not positive_int(getattr(node, key))
     ]
 
 
@@ -133,6 +133,17 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
     return [*problems, *([size] if size else [])]
 
 
+def actor_ref_problems(actor: Any, ref: Any) -> list[str]:
+    """The micro-batch keys of the actor and the reference, and the actor's AdamW, as every
+    engine reading verl's ``actor_rollout_ref`` keys checks them. The reference's keys default
+    to the actor's: a value it only inherits is reported once."""
+    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+    problems = batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
+    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
+    problems += batch_problems(ref, REF, own)
+    return problems + optim_problems(actor.optim, ACTOR, core_checked=True)
+
+
 def check_config(cfg: Any) -> list[str]:
     """The FSDP engine's rules for the composed run config (selected as the training engine).
     Core's checks already cover the micro-batch arithmetic and the optimizer's ranges. The
@@ -140,11 +151,7 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
-    problems += batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
-    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
-    problems += batch_problems(ref, REF, own)
-    problems += optim_problems(actor.optim, ACTOR, core_checked=True)
+    problems += actor_ref_problems(actor, ref)
     for role, prefix, node in (("actor", ACTOR, actor), ("ref", REF, ref)):
         found = role_world(cfg, role)
         inherited = node.fsdp_config.fsdp_size == actor.fsdp_config.fsdp_size

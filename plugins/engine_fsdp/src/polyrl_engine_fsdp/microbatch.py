@@ -13,10 +13,16 @@ has too few rows, tells the engine how many zero-weight dummy passes to add.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from polyrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polyrl.batch import Batch
+    from polyrl_engine_fsdp.config import EngineSettings
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,31 @@ def equalize_count(groups: list[list[int]], target: int) -> tuple[list[list[int]
         half = (len(group) + 1) // 2
         groups[largest:largest] = [group[:half], group[half:]]
     return groups, max(0, target - len(groups))
+
+
+def plan_micro_batches(batch: Batch, settings: EngineSettings, training: bool) -> list[list[int]]:
+    """This rank's row groups: by token budget (``use_dynamic_bsz``) or by row count, with the
+    training or the log-prob keys; the same plan for every engine built on these settings."""
+    s = settings
+    if s.use_dynamic_bsz:
+        budget = s.max_token_len if training else s.log_prob_max_token_len
+        key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
+        lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
+        return token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
+    size = s.micro_batch_size if training else s.log_prob_micro_batch_size
+    return fixed_partition(len(batch), size)
+
+
+def equalize_over_ranks(
+    groups: list[list[int]], device: torch.device
+) -> tuple[list[list[int]], int]:
+    """:func:`equalize_count` to the largest count of any rank (collective): for an engine whose
+    forward and backward run collectives that every rank must join. ``device`` is where this
+    rank's tensors live; the count travels on the CPU unless the backend is NCCL."""
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    count = torch.tensor([len(groups)], dtype=torch.long, device=on)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return equalize_count(groups, int(count.item()))
 
 
 @dataclass(frozen=True)

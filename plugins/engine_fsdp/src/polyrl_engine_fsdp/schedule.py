@@ -1,4 +1,5 @@
-"""The learning-rate schedule: linear warm-up, then constant or cosine decay to ``min_lr_ratio``.
+"""The optimizer every polyrl engine builds (torch's AdamW) and its learning-rate schedule:
+linear warm-up, then constant or cosine decay to ``min_lr_ratio``.
 
 One scheduler step per optimizer step. During warm-up the factor is ``(k + 1) / warmup`` for
 optimizer step ``k`` (0-based), so the first update already moves the weights (the Hugging Face
@@ -9,6 +10,8 @@ rate. Cosine decays over the steps after warm-up and stays at ``min_lr_ratio`` p
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterable
 
 import torch
 
@@ -33,3 +36,20 @@ def build_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` following :func:`lr_factor` (its state dict is the step counter)."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
+
+
+def build_adamw(params: Iterable[torch.nn.Parameter], settings: OptimSettings) -> torch.optim.AdamW:
+    """torch's AdamW with the role's ``optim`` settings (lr, betas, weight decay)."""
+    return torch.optim.AdamW(
+        params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+    )
+
+
+def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: bool) -> None:
+    """One scheduler step per optimizer step, applied or ``skipped`` (a non-finite grad norm):
+    torch warns when the schedule moves before any ``optimizer.step()``, which a skip makes
+    legitimate, so that warning is silenced then."""
+    with warnings.catch_warnings():
+        if skipped:
+            warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()

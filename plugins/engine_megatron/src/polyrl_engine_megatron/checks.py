@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.config.checks import role_world
-from polyrl_engine_fsdp.checks import DTYPES, batch_problems, dtype_name, optim_problems
+from polyrl_engine_fsdp.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -19,16 +19,12 @@ MEGATRON = f"{ACTOR}.megatron"
 DTYPES_SUPPORTED = ("bfloat16", "float32")
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def parallel_problems(megatron: Any) -> list[str]:
     """The tensor/pipeline-parallel sizes themselves (the engine raises these too)."""
     problems = [
         f"{MEGATRON}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
-        if not _positive_int(getattr(megatron, key))
+        if not positive_int(getattr(megatron, key))
     ]
     if not problems and int(megatron.pipeline_model_parallel_size) != 1:
         problems.append(
@@ -72,11 +68,7 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
-    problems += batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
-    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
-    problems += batch_problems(ref, REF, own)
-    problems += optim_problems(actor.optim, ACTOR, core_checked=True)
+    problems += actor_ref_problems(actor, ref)
     problems += [
         f"{ACTOR}.fsdp_config.{key}=true configures the FSDP engine; strategy=megatron keeps "
         f"weights and optimizer state on the GPU (set it to false)"

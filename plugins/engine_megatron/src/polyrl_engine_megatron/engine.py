@@ -16,39 +16,39 @@ reduction: a replicated weight's gradient is already the same on every TP rank).
 from __future__ import annotations
 
 import math
-import warnings
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from polyrl.batch import Batch
 from polyrl.config.nodes import schema_node
 from polyrl.errors import ConfigError
 from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
 from polyrl.workers.mesh import DataParallelRank
-from polyrl_engine_fsdp.checkpoint import rng_state, set_rng_state, write_hf_folder
+from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
 from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.engine import EngineUsageError, seed_everything
+from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.microbatch import (
-    fixed_partition,
-    row_lengths,
-    token_budget_partition,
-    trim_columns,
-)
+from polyrl_engine_fsdp.microbatch import plan_micro_batches
 from polyrl_engine_fsdp.modeling import load_hf_config, torch_dtype
-from polyrl_engine_fsdp.schedule import build_scheduler
+from polyrl_engine_fsdp.runtime import join_default_group, seed_everything
+from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
+from polyrl_engine_fsdp.scoring import MODEL_KEYS, model_inputs, pad_to_response
+from polyrl_engine_fsdp.training import (
+    EntropyMean,
+    accumulate,
+    entropy_mode,
+    policy_micro_loss,
+    report_step,
+    require_trainable,
+)
 from polyrl_engine_megatron import checkpoint as mckpt
 from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
 from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, split_dim
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.vocab_parallel import vocab_parallel_logprob_entropy
-
-MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def _tensor_parallel_size(ctx: EngineContext) -> int:
@@ -76,18 +76,7 @@ def _join_process_group(ctx: EngineContext) -> torch.device:
             "strategy=megatron needs CUDA: megatron-core's forward runs on GPUs only "
             "(trainer.device=cuda); use strategy=fsdp2 or deepspeed on CPU"
         )
-    if not dist.is_initialized():
-        if ctx.world_size != 1:
-            raise EngineUsageError(
-                f"torch.distributed is not initialised but world_size={ctx.world_size}; the "
-                f"worker must call torch.distributed.init_process_group before building the engine"
-            )
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-    if dist.get_world_size() != ctx.world_size or dist.get_rank() != ctx.rank:
-        raise EngineUsageError(
-            f"EngineContext says rank {ctx.rank} of {ctx.world_size} but the default process "
-            f"group is rank {dist.get_rank()} of {dist.get_world_size()}"
-        )
+    join_default_group(ctx, "nccl")
     return torch.device("cuda", torch.cuda.current_device())
 
 
@@ -132,14 +121,8 @@ class MegatronEngine(TrainingEngine):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if self.trainable:
-            optim = self.settings.optim
-            self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
-                lr=optim.lr,
-                betas=optim.betas,
-                weight_decay=optim.weight_decay,
-            )
-            self.scheduler = build_scheduler(self.optimizer, optim)
+            self.optimizer = build_adamw(self.model.parameters(), self.settings.optim)
+            self.scheduler = build_scheduler(self.optimizer, self.settings.optim)
         else:
             self.model.requires_grad_(False)
         self.model.train(self.trainable)
@@ -155,29 +138,13 @@ class MegatronEngine(TrainingEngine):
     def _micro_batches(self, batch: Batch, training: bool) -> list[list[int]]:
         """Row groups, the same on every TP peer (they hold the same rows). Data-parallel ranks
         may run different numbers: gradients are reduced once, after the last one."""
-        s = self.settings
-        if s.use_dynamic_bsz:
-            budget = s.max_token_len if training else s.log_prob_max_token_len
-            key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
-            lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
-            return token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
-        size = s.micro_batch_size if training else s.log_prob_micro_batch_size
-        return fixed_partition(len(batch), size)
+        return plan_micro_batches(batch, self.settings, training)
 
     def _forward(
         self, batch: Batch, temperature: float, entropy: EntropyMode
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
-        responses = batch["responses"].to(self.device)
-        width = responses.shape[1]
-        attention_mask = batch["attention_mask"].to(self.device)
-        position_ids = batch.get("position_ids")
-        trimmed = trim_columns(
-            batch["input_ids"].to(self.device),
-            attention_mask,
-            None if position_ids is None else position_ids.to(self.device),
-            responses,
-        )
+        trimmed, _, response_attention = model_inputs(batch, self.device)
         kept = trimmed.kept_response
 
         def response_logits(
@@ -205,12 +172,7 @@ class MegatronEngine(TrainingEngine):
             group=self.tp_group,
         )
         del logits
-        valid = attention_mask[:, -width:][:, :kept].to(log_prob.dtype)
-        pad = (0, width - kept)
-        log_prob = F.pad(log_prob * valid, pad)
-        if ent is not None:
-            ent = F.pad(ent * valid, pad)
-        return log_prob, ent
+        return pad_to_response(log_prob, ent, response_attention, kept)
 
     # ---- TrainingEngine -----------------------------------------------------------------------
     def compute_log_prob(
@@ -241,48 +203,16 @@ class MegatronEngine(TrainingEngine):
         """One optimizer step. Each micro-batch reaches ``loss_fn`` on the GPU with ``meta`` keys
         ``mini_batch_rows``, ``mini_batch_response_tokens`` (this data-parallel rank's) and
         ``num_micro_batches``."""
-        if self.optimizer is None or self.scheduler is None:
-            raise EngineUsageError(
-                f"train_step called on a non-trainable engine (role {self.ctx.role!r}); "
-                f"only the actor role trains"
-            )
+        require_trainable(self.optimizer, self.scheduler, self.ctx.role)
         groups = self._micro_batches(mini_batch, training=True)
-        entropy_mode = (
-            EntropyMode.GRAD if self.settings.entropy_coeff != 0 else EntropyMode.DETACHED
-        )
-        meta = {
-            "mini_batch_rows": len(mini_batch),
-            "mini_batch_response_tokens": float(_response_mask(mini_batch).sum()),
-            "num_micro_batches": len(groups),
-        }
+        mode = entropy_mode(self.settings.entropy_coeff)
+        entropy = EntropyMean()
+        micro_loss = policy_micro_loss(self._forward, loss_fn, temperature, mode, entropy)
         self.model.train()
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        entropy_sum, entropy_tokens = 0.0, 0.0
-        for group in groups:
-            micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(self.device)
-            micro.meta.update(meta)
-            log_prob, ent = self._forward(micro, temperature, entropy_mode)
-            passed = ent if entropy_mode == EntropyMode.GRAD else None
-            loss, metrics = loss_fn(micro, log_prob, passed)
-            loss.backward()
-            for key, value in metrics.items():
-                sums[key] += float(value)
-                counts[key] += 1
-            if ent is not None:
-                mask = _response_mask(micro).to(ent.dtype)
-                entropy_sum += float((ent.detach() * mask).sum())
-                entropy_tokens += float(mask.sum())
+        result = accumulate(mini_batch, groups, self.device, micro_loss, torch.Tensor.backward)
         grad_norm, lr = self._optimizer_step()
-        result = {key: sums[key] / counts[key] for key in sums}
-        p = self.metric_prefix
-        if f"{p}/entropy" not in result and entropy_tokens > 0:
-            result[f"{p}/entropy"] = entropy_sum / entropy_tokens
-        result[f"{p}/grad_norm"] = grad_norm
-        result[f"{p}/lr"] = lr
-        if not math.isfinite(grad_norm):
-            result[f"{p}/skipped_step"] = 1.0
-        return result
+        entropy.report(result, self.metric_prefix)
+        return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:
         """Average gradients over the data-parallel group, clip by the global norm (TP shards
@@ -320,10 +250,7 @@ class MegatronEngine(TrainingEngine):
                 param.grad = grad
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            if skipped:  # torch warns when the schedule moves before any optimizer.step()
-                warnings.simplefilter("ignore", UserWarning)
-            self.scheduler.step()
+        advance_schedule(self.scheduler, skipped)
         self.global_step += 1
         return grad_norm, lr
 
@@ -339,9 +266,7 @@ class MegatronEngine(TrainingEngine):
 
     def save_checkpoint(self, path: str) -> None:
         extra = {
-            "global_step": self.global_step,
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "rng": rng_state(self.device),
+            **loop_state(self.global_step, self.scheduler, self.device),
             "layout": self._layout(),
         }
         mckpt.save(
@@ -361,10 +286,7 @@ class MegatronEngine(TrainingEngine):
             tp_rank=self.tp_rank,
             layout=self._layout(),
         )
-        self.global_step = int(extra["global_step"])
-        if self.scheduler is not None and extra.get("scheduler") is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
-        set_rng_state(extra["rng"], self.device)
+        self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
     def _layout(self) -> dict[str, int]:
@@ -374,15 +296,9 @@ class MegatronEngine(TrainingEngine):
         rank0 = dist.get_rank() == 0
         # every rank walks the stream (its gathers are collective); rank 0 keeps the tensors
         state = {name: tensor.cpu() for name, tensor in self.named_weights() if rank0}
-        if rank0:
-            write_hf_folder(
-                path,
-                state,
-                self.hf_config,
-                self.compute_dtype,
-                self.settings.tokenizer_path or self.ctx.model_path,
-                self.settings.trust_remote_code,
-            )
+        export_on_rank0(
+            path, state, self.hf_config, self.compute_dtype, self.settings, self.ctx.model_path
+        )
         del state
         dist.barrier()
 
@@ -394,9 +310,3 @@ def _attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     causal = torch.ones((width, width), dtype=torch.bool, device=attention_mask.device).tril()
     allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
     return ~allowed.unsqueeze(1)
-
-
-def _response_mask(batch: Batch) -> torch.Tensor:
-    if "response_mask" in batch:
-        return batch["response_mask"]
-    return batch["attention_mask"][:, -batch["responses"].shape[1] :]

@@ -1,11 +1,12 @@
-"""Scoring polyrl's batch layout with a Hugging Face causal LM, whatever wraps the model.
+"""Scoring polyrl's batch layout with a causal LM, whatever wraps or splits the model.
 
 Rows are ``[left-padded prompt | right-padded response]``. A micro-batch keeps only the columns
 that hold a real token in one of its rows, the model computes logits only at the response
-positions (``logits_to_keep``), and those are scored in float32 with polyrl-engine-fsdp's
-:func:`~polyrl_engine_fsdp.logprob.token_logprob_entropy`, so that this engine and the FSDP
-engine give the same numbers for the same weights. Nothing here depends on how the model is
-sharded: ``model`` is anything whose call runs the HF forward (a DeepSpeed engine here).
+positions (``logits_to_keep``), and those are scored in float32 with
+:func:`~polyrl_engine_fsdp.logprob.token_logprob_entropy`, so that every engine built on these
+helpers gives the same numbers for the same weights. Nothing here depends on how the model is
+sharded: ``model`` is anything whose call runs the HF forward (an FSDP module, a DeepSpeed
+engine); the Megatron engine, whose forward differs, uses the inputs and the padding helpers.
 """
 
 from __future__ import annotations
@@ -17,23 +18,21 @@ import torch
 import torch.nn.functional as F
 
 from polyrl.batch import Batch
-from polyrl.errors import PolyrlError
+from polyrl_engine_fsdp.errors import BatchLayoutError
 from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
-from polyrl_engine_fsdp.microbatch import trim_columns
+from polyrl_engine_fsdp.microbatch import TrimmedInputs, trim_columns
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
-class BatchLayoutError(PolyrlError):
-    """A batch does not have the ``[prompt | response]`` layout training engines read."""
-
-
-def check_batch(batch: Batch) -> None:
+def check_batch(batch: Batch, engine: str) -> None:
+    """Raise :class:`BatchLayoutError` unless ``batch`` has the engine layout; ``engine`` names
+    the engine in the message (e.g. ``"FSDP"``)."""
     missing = [key for key in REQUIRED_KEYS if key not in batch]
     if missing:
         raise BatchLayoutError(
-            f"batch lacks {missing}; the engine needs input_ids [B, P+R], attention_mask "
+            f"batch lacks {missing}; the {engine} engine needs input_ids [B, P+R], attention_mask "
             f"[B, P+R] and responses [B, R] (position_ids optional)"
         )
     ids, mask, responses = batch["input_ids"], batch["attention_mask"], batch["responses"]
@@ -56,6 +55,45 @@ def accepts_logits_to_keep(hf_model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
 
 
+def model_inputs(
+    batch: Batch, device: torch.device
+) -> tuple[TrimmedInputs, dict[str, Any], torch.Tensor]:
+    """The micro-batch without its all-padding columns, the HF model's keyword arguments, and
+    the response part of the attention mask ``[b, R]`` (on ``device``)."""
+    responses = batch["responses"].to(device)
+    attention_mask = batch["attention_mask"].to(device)
+    position_ids = batch.get("position_ids")
+    trimmed = trim_columns(
+        batch["input_ids"].to(device),
+        attention_mask,
+        None if position_ids is None else position_ids.to(device),
+        responses,
+    )
+    kwargs: dict[str, Any] = {
+        "input_ids": trimmed.input_ids,
+        "attention_mask": trimmed.attention_mask,
+        "position_ids": trimmed.position_ids,
+        "use_cache": False,
+    }
+    return trimmed, kwargs, attention_mask[:, -responses.shape[1] :]
+
+
+def pad_to_response(
+    log_prob: torch.Tensor,
+    ent: torch.Tensor | None,
+    response_attention: torch.Tensor,
+    kept: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores of the ``kept`` response columns back to the full width ``[b, R]``: zero on
+    padding, and on the columns the trim cut away."""
+    valid = response_attention[:, :kept].to(log_prob.dtype)
+    pad = (0, response_attention.shape[1] - kept)
+    log_prob = F.pad(log_prob * valid, pad)
+    if ent is not None:
+        ent = F.pad(ent * valid, pad)
+    return log_prob, ent
+
+
 def response_log_probs(
     model: Any,
     batch: Batch,
@@ -65,35 +103,16 @@ def response_log_probs(
     entropy: EntropyMode,
     logits_to_keep: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
-    responses = batch["responses"].to(device)
-    response_width = responses.shape[1]
-    attention_mask = batch["attention_mask"].to(device)
-    position_ids = batch.get("position_ids")
-    trimmed = trim_columns(
-        batch["input_ids"].to(device),
-        attention_mask,
-        None if position_ids is None else position_ids.to(device),
-        responses,
-    )
+    """Log-probs (and entropy) ``[b, R]`` of the response tokens of an HF causal LM; zero on
+    padding."""
+    trimmed, kwargs, response_attention = model_inputs(batch, device)
     kept = trimmed.kept_response
-    kwargs: dict[str, Any] = {
-        "input_ids": trimmed.input_ids,
-        "attention_mask": trimmed.attention_mask,
-        "position_ids": trimmed.position_ids,
-        "use_cache": False,
-    }
     if logits_to_keep:
         kwargs["logits_to_keep"] = kept + 1
     logits = model(**kwargs).logits[:, -(kept + 1) : -1]
     log_prob, ent = token_logprob_entropy(logits, trimmed.labels, temperature, entropy)
     del logits
-    valid = attention_mask[:, -response_width:][:, :kept].to(log_prob.dtype)
-    pad = (0, response_width - kept)
-    log_prob = F.pad(log_prob * valid, pad)
-    if ent is not None:
-        ent = F.pad(ent * valid, pad)
-    return log_prob, ent
+    return pad_to_response(log_prob, ent, response_attention, kept)
 
 
 def dummy_logits(model: Any, device: torch.device) -> torch.Tensor:

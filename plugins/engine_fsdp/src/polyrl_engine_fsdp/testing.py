@@ -1,0 +1,91 @@
+"""Test helpers shared by the training engines' test suites (not used at run time).
+
+The engines read their settings from the nodes of a whole run config, so a test composes one
+from the schema, as the worker does, and hands the engine its ``actor_rollout_ref.model`` and
+``actor_rollout_ref.actor`` nodes; and they all score the same ragged ``[prompt | response]``
+rows (of polyrl's tiny model). Keeping them here keeps the engines' tests comparing like with like.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from polyrl.batch import Batch
+from polyrl.config.schema import PolyrlConfig
+from polyrl.interfaces.training_engine import EngineContext
+from polyrl.models.tiny import build_tiny_model
+
+
+@functools.cache
+def tiny_model(prefix: str) -> str:
+    """polyrl's tiny model, saved once per ``prefix`` per test process (every engine of a
+    conformance module loads the same folder)."""
+    return build_tiny_model(tempfile.mkdtemp(prefix=prefix) + "/m")
+
+
+def composed_context(
+    model_path: str,
+    *,
+    model: dict[str, Any],
+    actor: dict[str, Any],
+    plugins: dict[str, Any] | None = None,
+    device: str = "cpu",
+    rank: int = 0,
+    world_size: int = 1,
+    role: str = "actor",
+    seed: int = 3,
+    total_training_steps: int = 4,
+) -> EngineContext:
+    """An :class:`EngineContext` whose nodes come from the schema merged with ``model``
+    (``actor_rollout_ref.model``), ``actor`` (``actor_rollout_ref.actor``) and ``plugins``."""
+    overrides: dict[str, Any] = {
+        "actor_rollout_ref": {"model": {"path": model_path, **model}, "actor": actor}
+    }
+    if plugins is not None:
+        overrides["plugins"] = plugins
+    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), overrides)
+    return EngineContext(
+        role=role,
+        model_path=model_path,
+        model=cfg.actor_rollout_ref.model,
+        engine=cfg.actor_rollout_ref.actor,
+        device=device,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        total_training_steps=total_training_steps,
+        trainable=role != "ref",
+    )
+
+
+def ragged_batch(
+    prompt_lens: Sequence[int],
+    response_lens: Sequence[int],
+    prompt_width: int,
+    response_width: int,
+    generator: torch.Generator,
+) -> Batch:
+    """Rows of left-padded prompts and right-padded responses of the given real lengths, with
+    token ids in [3, 400) drawn from ``generator`` row by row."""
+    rows = len(prompt_lens)
+    ids = torch.zeros((rows, prompt_width + response_width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        span = slice(prompt_width - p, prompt_width + r)
+        ids[i, span] = torch.randint(3, 400, (p + r,), generator=generator)
+        mask[i, span] = 1
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+            "responses": ids[:, prompt_width:].clone(),
+            "response_mask": mask[:, prompt_width:].clone(),
+        }
+    )

@@ -1,0 +1,120 @@
+"""One optimizer step's bookkeeping, the same in every polyrl engine: the micro-batch loop.
+
+Each micro-batch reaches the loss on the engine's device with ``meta`` keys ``mini_batch_rows``,
+``mini_batch_response_tokens`` (this rank's) and ``num_micro_batches``, so a loss can scale
+itself to the mini-batch; the loss metrics are averaged over the micro-batches; the policy's
+entropy is reported token-weighted unless the loss reports its own; a step with a non-finite
+grad norm is reported as skipped. How the engine runs backward and steps its optimizer is its
+own (passed in), so that the metrics mean the same whichever engine produced them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+from polyrl.batch import Batch
+from polyrl.interfaces.training_engine import MicroBatchLossFn
+from polyrl_engine_fsdp.errors import EngineUsageError
+from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.scoring import response_mask
+
+# A micro-batch's loss and metrics, computed from its forward pass (the head decides which).
+MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
+# An engine's scoring of a micro-batch: log-probs and entropy ``[b, R]``.
+PolicyForward = Callable[[Batch, float, EntropyMode], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def require_trainable(optimizer: object, scheduler: object, role: str) -> None:
+    """Refuse a training step on a frozen engine (one built without an optimizer)."""
+    if optimizer is None or scheduler is None:
+        raise EngineUsageError(
+            f"train_step called on a non-trainable engine (role {role!r}); "
+            f"only the actor role trains"
+        )
+
+
+def entropy_mode(entropy_coeff: float) -> EntropyMode:
+    """With a gradient only when the loss uses the entropy (a non-zero coefficient)."""
+    return EntropyMode.GRAD if entropy_coeff != 0 else EntropyMode.DETACHED
+
+
+class EntropyMean:
+    """The token-weighted mean entropy of the response tokens over a step's micro-batches."""
+
+    def __init__(self) -> None:
+        self.sum = 0.0
+        self.tokens = 0.0
+
+    def add(self, micro: Batch, ent: torch.Tensor | None) -> None:
+        if ent is not None:
+            mask = response_mask(micro).to(ent.dtype)
+            self.sum += float((ent.detach() * mask).sum())
+            self.tokens += float(mask.sum())
+
+    def report(self, result: dict[str, float], prefix: str) -> None:
+        """``<prefix>/entropy`` into ``result`` unless the loss already reported one."""
+        key = f"{prefix}/entropy"
+        if key not in result and self.tokens > 0:
+            result[key] = self.sum / self.tokens
+
+
+def policy_micro_loss(
+    forward: PolicyForward,
+    loss_fn: MicroBatchLossFn,
+    temperature: float,
+    mode: EntropyMode,
+    entropy: EntropyMean,
+) -> MicroLoss:
+    """``loss_fn`` on the scores of ``forward``; the entropy reaches ``loss_fn`` only with a
+    gradient (``EntropyMode.GRAD``), and is recorded in ``entropy`` either way."""
+
+    def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        log_prob, ent = forward(micro, temperature, mode)
+        passed = ent if mode == EntropyMode.GRAD else None
+        loss, metrics = loss_fn(micro, log_prob, passed)
+        entropy.add(micro, ent)
+        return loss, metrics
+
+    return micro_loss
+
+
+def accumulate(
+    mini_batch: Batch,
+    groups: list[list[int]],
+    device: torch.device,
+    micro_loss: MicroLoss,
+    backward: Callable[[torch.Tensor], None],
+) -> dict[str, float]:
+    """Run ``backward`` on the loss of each micro-batch (rows ``groups`` of ``mini_batch``);
+    return the loss metrics averaged over the micro-batches that reported them."""
+    meta = {
+        "mini_batch_rows": len(mini_batch),
+        "mini_batch_response_tokens": float(response_mask(mini_batch).sum()),
+        "num_micro_batches": len(groups),
+    }
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for group in groups:
+        micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(device)
+        micro.meta.update(meta)
+        loss, metrics = micro_loss(micro)
+        backward(loss)
+        for key, value in metrics.items():
+            sums[key] += float(value)
+            counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+def report_step(
+    result: dict[str, float], prefix: str, grad_norm: float, lr: float, applied: bool
+) -> dict[str, float]:
+    """Add the step's pre-clip grad norm, its lr and, when it was not ``applied``,
+    ``<prefix>/skipped_step``."""
+    result[f"{prefix}/grad_norm"] = grad_norm
+    result[f"{prefix}/lr"] = lr
+    if not applied:
+        result[f"{prefix}/skipped_step"] = 1.0
+    return result
