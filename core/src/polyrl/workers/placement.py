@@ -290,6 +290,7 @@ def start_role_workers(
                 ready_timeout_s=ready_timeout_s,
                 cpus_per_worker=cpus,
                 threads_per_worker=threads,
+                log_dir=os.path.abspath(str(cfg.trainer.default_local_dir)),
                 init_kwargs={
                     "cfg": container,
                     "roles": pool_roles,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import time
@@ -61,6 +62,24 @@ def _rendezvous_address(loopback: bool) -> tuple[str, int]:
         return host, sock.getsockname()[1]
 
 
+WORKER_ERROR_LOG = "worker_errors.log"
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit)): (.+)$")
+
+
+def remote_error_line(cause: BaseException) -> str:
+    """``Type: message`` of what failed inside the worker, in one line. Ray wraps some failures
+    (an error in an actor's constructor) into an error whose text is the remote traceback: the
+    last ``SomeError: message`` line of it is what the user needs."""
+    text = str(cause).strip()
+    if "\n" not in text and "Traceback" not in text:
+        return f"{type(cause).__name__}: {text}"
+    for line in reversed(text.splitlines()):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"
+    return f"{type(cause).__name__}: {text.splitlines()[0]}"
+
+
 class WorkerGroup(SPMDGroup):
     """``world_size`` actors of ``worker_cls``; rank ``r`` runs in placement-group bundle ``r``.
 
@@ -85,8 +104,10 @@ class WorkerGroup(SPMDGroup):
         cpus_per_worker: float = 1.0,
         threads_per_worker: int | None = None,
         placement_timeout_s: float = 120.0,
+        log_dir: str | None = None,
     ) -> None:
         self.name, self.world_size = name, world_size
+        self.log_dir = log_dir
         self.workers: list[Any] = []
         self._broken = False
         resources: dict[str, float] = {"CPU": cpus_per_worker}
@@ -196,11 +217,26 @@ class WorkerGroup(SPMDGroup):
             except ray.exceptions.RayError as exc:
                 self._broken = True
                 cause = getattr(exc, "cause", None) or exc
+                where = self._keep_traceback(str(exc))
                 raise WorkerError(
                     f"{self._describe(rank_of[done[0]])} failed in {what!r}: "
-                    f"{type(cause).__name__}: {cause}"
+                    f"{remote_error_line(cause)}{where}"
                 ) from exc
         return ray.get(refs)
+
+    def _keep_traceback(self, text: str) -> str:
+        """Append the worker's whole traceback to ``<log_dir>/worker_errors.log``; the suffix
+        that points the one-line message there (empty without a log folder)."""
+        if not self.log_dir:
+            return ""
+        path = os.path.join(self.log_dir, WORKER_ERROR_LOG)
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} pool {self.name}\n{text}\n")
+        except OSError:
+            return ""
+        return f" (worker traceback in {path})"
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the actors (their ``shutdown()`` first, when the group has not failed: a rank
