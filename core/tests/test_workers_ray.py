@@ -36,7 +36,7 @@ class Probe(Role):
 
 
 @pytest.mark.timeout(90)
-def test_ray_pool_calls_by_role_and_surfaces_a_failing_rank(monkeypatch):
+def test_ray_pool_calls_by_role_and_surfaces_a_failing_rank(monkeypatch, tmp_path):
     from polyrl.workers.placement import start_role_workers
     from polyrl.workers.worker_group import ensure_ray
 
@@ -54,6 +54,7 @@ def test_ray_pool_calls_by_role_and_surfaces_a_failing_rank(monkeypatch):
             "collective_timeout_s": 60,
             "role_pools": {},
             "resource_pools": {},
+            "default_local_dir": str(tmp_path),
         }
     }
     workers = start_role_workers(
@@ -79,6 +80,8 @@ def test_ray_pool_calls_by_role_and_surfaces_a_failing_rank(monkeypatch):
             workers.call("probe", "fail_on_rank_one", dispatch=Dispatch.BROADCAST)
         assert time.monotonic() - start < 15
         assert "rank one broke" in str(info.value)
+        assert "\n" not in str(info.value)  # one line; the traceback is in the run folder's log
+        assert "rank one broke" in (tmp_path / "worker_errors.log").read_text()
     finally:
         start = time.monotonic()
         workers.shutdown()  # rank 0 is still in the barrier: killed, not waited for
