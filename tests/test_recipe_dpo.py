@@ -4,15 +4,13 @@ layout trains, validates, checkpoints and resumes."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_train_tiny import polyrl_train, read_records
 
 from polyrl.data.generate import tiny_digit_pairs_rows
 
@@ -21,30 +19,15 @@ pytestmark = pytest.mark.slow
 TRL_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 
 
-def polyrl_train(out_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "polyrl",
-        "train",
-        "recipe=dpo",
-        f"trainer.default_local_dir={out_dir}",
-        *overrides,
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-8000:]}"
-    return proc
-
-
-def read_records(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+def train_dpo(out_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``polyrl train recipe=dpo ...``, failing with its output if it fails."""
+    return polyrl_train(out_dir, "recipe=dpo", *overrides)
 
 
 @pytest.fixture(scope="module")
 def recipe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dpo_recipe")
-    polyrl_train(out)
+    train_dpo(out)
     return out
 
 
@@ -104,8 +87,8 @@ def test_trl_layout_file_trains_validates_and_resumes_with_ipo(tmp_path: Path) -
         "trainer.save_freq=2",
         "trainer.test_freq=2",
     )
-    polyrl_train(out, *common, "trainer.total_training_steps=2")
-    resumed = polyrl_train(out, *common, "trainer.total_training_steps=4")
+    train_dpo(out, *common, "trainer.total_training_steps=2")
+    resumed = train_dpo(out, *common, "trainer.total_training_steps=4")
     assert "resumed from" in resumed.stderr and "(step 2)" in resumed.stderr
     records = read_records(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_train_tiny import final_weights, polyrl_train, read_records
+from test_train_tiny import polyrl_train, read_records, train_straight_and_resumed
 
 pytestmark = pytest.mark.slow
 
@@ -81,17 +81,7 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run_critic_included(
         "critic.ppo_micro_batch_size_per_gpu=4",
         "critic.shuffle=true",
     )
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    polyrl_train(straight, "trainer.total_training_steps=4", *steps)
-    polyrl_train(resumed, "trainer.total_training_steps=2", *steps)
-    second = polyrl_train(resumed, "trainer.total_training_steps=4", *steps)
-    assert "resumed from" in second.stderr
-
-    a, b = final_weights(straight), final_weights(resumed)
-    assert a.keys() == b.keys()
-    different = [name for name in a if not (a[name] == b[name]).all()]
-    assert not different, f"actor weights differ after resume: {different[:5]}"
-    straight_records, resumed_records = read_records(straight), read_records(resumed)
+    straight_records, resumed_records = train_straight_and_resumed(tmp_path, steps)
     assert [r["step"] for r in resumed_records] == [1, 2, 3, 4]
     assert "actor/pg_loss" not in straight_records[0]  # step 1: the critic's warm-up
     assert all("actor/pg_loss" in r for r in straight_records[1:])

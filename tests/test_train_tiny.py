@@ -73,6 +73,21 @@ def final_weights(out_dir: Path) -> dict:
     return weights
 
 
+def train_straight_and_resumed(tmp_path: Path, steps: tuple[str, ...]) -> tuple[list, list]:
+    """4 steps in one run, and 2 + 2 with a resume in between: the exported weights must be
+    bitwise equal. Returns the records of both runs."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    polyrl_train(straight, "trainer.total_training_steps=4", *steps)
+    polyrl_train(resumed, "trainer.total_training_steps=2", *steps)
+    second = polyrl_train(resumed, "trainer.total_training_steps=4", *steps)
+    assert "resumed from" in second.stderr
+    a, b = final_weights(straight), final_weights(resumed)
+    assert a.keys() == b.keys()
+    different = [name for name in a if not (a[name] == b[name]).all()]
+    assert not different, f"weights differ after resume: {different[:5]}"
+    return read_records(straight), read_records(resumed)
+
+
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny_learning")
@@ -119,18 +134,8 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
         "actor_rollout_ref.actor.ppo_epochs=2",
         "actor_rollout_ref.actor.shuffle=true",
     )
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    polyrl_train(straight, "trainer.total_training_steps=4", *steps)
-    polyrl_train(resumed, "trainer.total_training_steps=2", *steps)
-    second = polyrl_train(resumed, "trainer.total_training_steps=4", *steps)
-    assert "resumed from" in second.stderr
-
-    a, b = final_weights(straight), final_weights(resumed)
-    assert a.keys() == b.keys()
-    different = [name for name in a if not (a[name] == b[name]).all()]
-    assert not different, f"weights differ after resume: {different[:5]}"
-    straight_records = read_records(straight)
-    resumed_records = read_records(resumed)
+    straight_records, resumed_records = train_straight_and_resumed(tmp_path, steps)
+    resumed = tmp_path / "resumed"
     assert [r["step"] for r in resumed_records] == [1, 2, 3, 4]
     for x, y in zip(straight_records[2:], resumed_records[2:]):
         assert x["critic/score/mean"] == y["critic/score/mean"]
