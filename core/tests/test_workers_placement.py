@@ -198,14 +198,19 @@ def test_sync_weights_between_colocated_roles():
     assert got == [[("w", 0.0), ("b", 0.0)], [("w", 4.0), ("b", 0.0)]]
 
 
-@pytest.mark.timeout(10)
-def test_sync_weights_across_pools_is_refused():
-    workers = local_workers({"global": (1, ("actor",)), "gen": (1, ("rollout",))})
-    with pytest.raises(
-        PolyrlError,
-        match=r"role 'actor' \(pool 'global'\) to role 'rollout' \(pool 'gen'\) crosses pools",
-    ):
-        workers.sync_weights("actor", "rollout")
+@pytest.mark.timeout(20)
+def test_sync_weights_across_pools_broadcasts_the_senders_rank_zero():
+    """A real gloo channel between two pools: every rollout worker gets actor rank 0's weights
+    (the gathered full tensors), versioned."""
+    workers = local_workers({"global": (2, ("actor",)), "gen": (2, ("rollout",))})
+    for version in (1, 2):
+        result = workers.sync_weights("actor", "rollout")
+        assert result["weight_sync/version"] == version
+        assert result["bytes"] == 4 * 4 + 2 * 8
+    got = workers.call("rollout", "received_weights", dispatch=Dispatch.BROADCAST)
+    assert got == [[("w", 0.0), ("b", 0.0)]] * 2
+    versions = [w.weight_versions for w in workers.groups["gen"].workers]
+    assert versions == [{"rollout": 2}] * 2
 
 
 @pytest.mark.timeout(10)

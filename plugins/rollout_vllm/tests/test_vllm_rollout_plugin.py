@@ -39,6 +39,7 @@ def test_registered_with_capabilities_and_light_entry_point():
         "weight_sync": True,
         "sleep": True,
         "logprobs": True,
+        "lora_adapters": False,
     }
     # Listing plugins must not import vLLM or torch.
     code = (
@@ -183,6 +184,12 @@ def test_config_check_tensor_parallel_and_dtype():
     pooled = ["trainer.role_pools={actor: gen, rollout: gen}", "trainer.resource_pools={gen: 3}"]
     (line,) = _check(cuda, *pooled, tp2)
     assert line.endswith("the world size 3 of pool 'gen' (trainer.resource_pools.gen)")
+    split = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=3"]
+    (line,) = _check(cuda, "trainer.n_gpus_per_node=4", *split, tp2)
+    assert line.endswith(
+        "the world size 3 = actor_rollout_ref.rollout.nnodes 1 x "
+        "actor_rollout_ref.rollout.n_gpus_per_node 3"
+    )
     (line,) = _check("trainer.n_gpus_per_node=2", tp2)
     assert "tensor_model_parallel_size=2 is not supported on CPU" in line
     (line,) = _check("actor_rollout_ref.rollout.dtype=int3")
