@@ -30,6 +30,7 @@ import pluggy
 from polyrl import hookspecs
 from polyrl.errors import PolyrlError
 from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, UNRELEASED_PACKAGES, PluginKind
+from polyrl.watchdog import IMPORT_TIMEOUT_ENV, deadline, import_timeout_s
 
 ENTRY_POINT_GROUP = "polyrl"
 DISABLE_AUTOLOAD_ENV = "POLYRL_DISABLE_PLUGIN_AUTOLOAD"
@@ -82,8 +83,15 @@ class Registration:
 
     def load(self) -> Any:
         """Resolve the implementation; an import failure names the package and how to fix it."""
+        distribution = self.provenance.distribution
         try:
-            return self.spec.load()
+            with deadline(
+                f"loading {self.kind.value} {self.name!r} from package {distribution}",
+                f"its import blocks: fix or reinstall {distribution}, or raise "
+                f"{IMPORT_TIMEOUT_ENV} if it is only slow",
+                import_timeout_s(),
+            ):
+                return self.spec.load()
         except Exception as exc:
             raise PluginBrokenError(
                 f"{self.kind.value} {self.name!r} from package {self.provenance.distribution} "
@@ -276,7 +284,13 @@ def discover() -> Registry:
         seen.add((entry_point.name, distribution))
         provenance = Provenance(entry_point.name, distribution, version)
         try:
-            module = entry_point.load()
+            with deadline(
+                f"importing plugin {entry_point.value!r} of package {distribution}",
+                f"that module blocks at import: fix or uninstall {distribution} (pip uninstall "
+                f"{distribution}), or select plugins with POLYRL_PLUGINS",
+                import_timeout_s(),
+            ):
+                module = entry_point.load()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
             registry._mark_broken(provenance, exc)
             continue

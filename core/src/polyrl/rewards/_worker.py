@@ -7,9 +7,10 @@ start-up time is paid again each time a hung worker is replaced.
 
 from __future__ import annotations
 
+import functools
 import signal
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -18,19 +19,24 @@ from polyrl.rewards.custom import ScoreFn, load_custom_function, normalise_score
 
 @dataclass(frozen=True)
 class ScorerRef:
-    """A picklable reference to the scoring function: the built-in dispatcher (``path`` None) or
-    ``name`` in the file ``path``. Workers resolve it themselves: functions defined in a user's
-    file cannot be pickled by reference across processes."""
+    """A picklable (and JSON-able) reference to the scoring function: the built-in dispatcher
+    (``path`` None; ``code`` holds the settings of its ``code`` scorer) or ``name`` in the file
+    ``path``. Workers resolve it themselves: functions defined in a user's file cannot be pickled
+    by reference across processes."""
 
     path: str | None = None
     name: str = "compute_score"
+    code: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> ScoreFn:
         if self.path is None:
+            from polyrl.rewards.code import CodeRewardSettings
             from polyrl.rewards.scorers import default_compute_score, preload
 
             preload()
-            return default_compute_score
+            return functools.partial(
+                default_compute_score, code_settings=CodeRewardSettings(**self.code)
+            )
         return load_custom_function(self.path, self.name)
 
     def describe(self) -> str:
@@ -78,3 +84,11 @@ def worker_main(conn: Connection, scorer: ScorerRef) -> None:
             return
         task_id, payload = message
         conn.send((task_id, score_one(fn, payload)))
+
+
+def sandbox_main(path: str | None, name: str, code: dict[str, Any]) -> None:
+    """Entry point of a sandboxed worker (run by the sandbox's launcher): the same loop as
+    :func:`worker_main`, over JSON lines on stdin/stdout instead of a pickling pipe."""
+    from polyrl.rewards.sandbox import serve_stdio
+
+    worker_main(serve_stdio(), ScorerRef(path=path, name=name, code=code))

@@ -10,6 +10,7 @@ from polyrl.interfaces.reward import RewardContext, RewardProvider, RewardResult
 from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.custom import check_custom_function
 from polyrl.rewards.runner import RewardRunner
+from polyrl.rewards.sandbox import SandboxLimits
 
 
 class NaiveRewardProvider(RewardProvider):
@@ -17,9 +18,11 @@ class NaiveRewardProvider(RewardProvider):
     :func:`polyrl.rewards.scorers.default_compute_score`.
 
     Config: ``reward_model.num_workers`` (0: in-process), ``.timeout_s``, ``.failure_score``,
-    ``.on_error`` (``score`` | ``raise``). The worker pool starts here and lives until
-    :meth:`close`. The context's nodes are read by attribute; a plain or partial dict (or None)
-    is first merged over the schema's node, so every default comes from the schema.
+    ``.on_error`` (``score`` | ``raise``), ``.sandbox`` (which scorers run sandboxed, see
+    :func:`sandbox_limits`), ``.code`` (the ``code`` scorer's settings). The worker pool starts
+    here and lives until :meth:`close`. The context's nodes are read by attribute; a plain or
+    partial dict (or None) is first merged over the schema's node, so every default comes from
+    the schema.
     """
 
     def __init__(self, ctx: RewardContext) -> None:
@@ -32,7 +35,8 @@ class NaiveRewardProvider(RewardProvider):
             # exits or hangs at import -- fails now with a clear message, rather than inside
             # every worker or by taking the driver down.
             check_custom_function(path, name, float(custom.load_timeout_s))
-        scorer = ScorerRef(path=str(path) if path else None, name=name)
+        code = {key: rm.code[key] for key in rm.code}
+        scorer = ScorerRef(path=str(path) if path else None, name=name, code=code)
         self.runner = RewardRunner(
             scorer,
             num_workers=int(rm.num_workers),
@@ -40,6 +44,7 @@ class NaiveRewardProvider(RewardProvider):
             failure_score=float(rm.failure_score),
             on_error=str(rm.on_error),
             max_consecutive_timeouts=int(rm.max_consecutive_timeouts),
+            sandbox=sandbox_limits(rm, custom=bool(path)),
         )
 
     def score(self, samples: list[RewardSample]) -> list[RewardResult]:
@@ -47,3 +52,13 @@ class NaiveRewardProvider(RewardProvider):
 
     def close(self) -> None:
         self.runner.close()
+
+
+def sandbox_limits(rm: Any, *, custom: bool) -> SandboxLimits | None:
+    """The limits of sandboxed reward workers, or None for plain ones: ``reward_model.sandbox``
+    ``never``, or ``auto`` with a custom function (the user's own code, which may need the
+    network or files: mark it untrusted with ``always``)."""
+    mode = str(rm.sandbox)
+    if mode == "never" or (mode == "auto" and custom):
+        return None
+    return SandboxLimits(memory_mb=int(rm.sandbox_memory_mb))

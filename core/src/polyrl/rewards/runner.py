@@ -11,6 +11,10 @@ start-up (imports) is the expensive part on a small machine.
 ``num_workers=0`` scores in the calling process, each sample in a daemon thread joined with the
 timeout: the call still returns on time, but a hung function cannot be killed (its thread is left
 behind) — use worker processes for untrusted code.
+
+With ``sandbox`` (:class:`~polyrl.rewards.sandbox.SandboxLimits`) each worker runs in the sandbox
+(:mod:`polyrl.rewards.sandbox`) and speaks JSON: for scorers that evaluate model output and for
+reward code marked untrusted (``reward_model.sandbox``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from polyrl.errors import ConfigError, RewardError
 from polyrl.interfaces.reward import RewardResult, RewardSample
 from polyrl.rewards._worker import ScorerRef, describe_exception, score_one, worker_main
+from polyrl.rewards.sandbox import SandboxedProcess, SandboxLimits
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +44,33 @@ MAX_LOGGED_FAILURES = 10
 
 
 class _Worker:
-    """One worker process and the driver's end of its pipe."""
+    """One worker process and the driver's end of its connection: a ``multiprocessing`` child
+    (pickle over a pipe; trusted code) or a :class:`SandboxedProcess` (JSON lines)."""
 
-    def __init__(self, ctx: Any, scorer: ScorerRef, number: int) -> None:
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(
-            target=worker_main,
-            args=(child, scorer),
-            name=f"polyrl-reward-{number}",
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
+    def __init__(self, process: Any, conn: Any) -> None:
+        self.process, self.conn = process, conn
         self.started_at = time.monotonic()
         self.ready = False
         self.task: tuple[int, float] | None = None  # (sample position, deadline)
+
+    @classmethod
+    def start(
+        cls, ctx: Any, scorer: ScorerRef, number: int, sandbox: SandboxLimits | None
+    ) -> _Worker:
+        name = f"polyrl-reward-{number}"
+        if sandbox is not None:
+            process = SandboxedProcess(
+                "polyrl.rewards._worker:sandbox_main",
+                [scorer.path, scorer.name, scorer.code],
+                sandbox,
+                name,
+            )
+            return cls(process, process.conn)
+        conn, child = ctx.Pipe(duplex=True)
+        process = ctx.Process(target=worker_main, args=(child, scorer), name=name, daemon=True)
+        process.start()
+        child.close()
+        return cls(process, conn)
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -86,6 +103,7 @@ class RewardRunner:
         on_error: str = "score",
         max_consecutive_timeouts: int = 4,
         start_method: str | None = None,
+        sandbox: SandboxLimits | None = None,
     ) -> None:
         if on_error not in ("score", "raise"):
             raise ConfigError(
@@ -100,6 +118,12 @@ class RewardRunner:
         self.failure_score = float(failure_score)
         self.on_error = on_error
         self.max_consecutive_timeouts = int(max_consecutive_timeouts)
+        if sandbox is not None and self.num_workers == 0:
+            raise ConfigError(
+                "reward_model.num_workers=0 scores in the driver process, which cannot be "
+                "sandboxed: set reward_model.num_workers>=1 or reward_model.sandbox=never"
+            )
+        self.sandbox = sandbox
         self._fn = scorer.load() if self.num_workers == 0 else None
         self._ctx = multiprocessing.get_context(start_method or _default_start_method())
         self._workers: list[_Worker] = []
@@ -162,7 +186,7 @@ class RewardRunner:
     # ---- worker processes ----------------------------------------------------------------------
     def _new_worker(self) -> _Worker:
         self._spawned += 1
-        return _Worker(self._ctx, self.scorer, self._spawned)
+        return _Worker.start(self._ctx, self.scorer, self._spawned, self.sandbox)
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
@@ -245,7 +269,7 @@ class RewardRunner:
             todo.appendleft(position)
             self._replace(worker)
             return
-        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable extra_info
+        except Exception as exc:  # noqa: BLE001 - e.g. an extra_info that cannot be sent
             outcomes[position] = (
                 "err",
                 "could not send the sample to a worker: " + (describe_exception(exc)),

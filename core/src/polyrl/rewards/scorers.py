@@ -21,6 +21,8 @@ Supported ``data_source`` values (see :func:`supported_data_sources`):
   ``*MATH*`` sources: equivalence by ``math_verify.parse``/``verify``.
 - ``reasoning_gym/<task>`` (or any source starting with ``reasoning_gym``): the task's own scorer.
 - ``polyrl/tiny_digits``: the synthetic task of the tiny recipe (dense partial credit).
+- ``code``: a Python program run against the row's test cases in the sandbox
+  (:mod:`polyrl.rewards.code`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
+
+from polyrl.rewards.code import CODE_SOURCES, CodeRewardSettings, code_score
 
 ScoreValue = float | dict[str, Any]
 
@@ -277,7 +281,7 @@ def preload() -> None:
 def _source_modules(data_source: str) -> tuple[str, ...]:
     """The optional libraries the built-in scorer of ``data_source`` needs."""
     source = str(data_source)
-    if source in EXACT_SOURCES or source in GSM8K_SOURCES or source == TINY_DIGITS_SOURCE:
+    if source in (*EXACT_SOURCES, *GSM8K_SOURCES, TINY_DIGITS_SOURCE, *CODE_SOURCES):
         return ()
     if source.startswith("reasoning_gym"):
         return ("reasoning_gym",)
@@ -316,6 +320,7 @@ def supported_data_sources() -> list[str]:
         *MATH_SOURCES,
         "reasoning_gym/<task>",
         TINY_DIGITS_SOURCE,
+        *CODE_SOURCES,
     ]
 
 
@@ -324,8 +329,11 @@ def default_compute_score(
     solution_str: str,
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
+    *,
+    code_settings: CodeRewardSettings | None = None,
 ) -> ScoreValue:
-    """Score one response with the built-in scorer for its ``data_source``.
+    """Score one response with the built-in scorer for its ``data_source``; ``code_settings``
+    (``reward_model.code``) are for the ``code`` source.
 
     Raises ValueError for an unknown source, listing the supported ones and how to plug in one's
     own function (``custom_reward_function.path``).
@@ -341,6 +349,8 @@ def default_compute_score(
         return reasoning_gym_score(source, solution_str, ground_truth, extra)
     if source == TINY_DIGITS_SOURCE:
         return tiny_digits_score(solution_str, ground_truth)
+    if source in CODE_SOURCES:
+        return code_score(solution_str, ground_truth, code_settings)
     if _is_math_source(source):
         return math_score(solution_str, ground_truth)
     raise ValueError(

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,10 +30,28 @@ from polyrl.workers.group import SPMDGroup, WorkerError
 __all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
 
 
+#: How long joining the cluster named by ``RAY_ADDRESS`` may take to answer at all.
+RAY_CONNECT_TIMEOUT_S = 15.0
+#: Ray's switch for single-machine mode (named for the platforms where it is the default): every
+#: Ray server and worker then listens on 127.0.0.1 only, and the node's address is 127.0.0.1.
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+#: Whether this process started the Ray cluster it uses (then nothing outside it can add
+#: resources, so a request the cluster cannot hold fails at once instead of waiting).
+_started_local_cluster = False
+
+
 def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None) -> None:
-    """Start (or join, when ``RAY_ADDRESS`` is set) Ray with quiet, offline-friendly defaults."""
+    """Start a local Ray (or join the cluster of ``RAY_ADDRESS`` / ``trainer.ray_init.address``)
+    with quiet, offline-friendly defaults.
+
+    A local cluster listens on 127.0.0.1 only (so do its workers and, through the node address,
+    torch.distributed's rendezvous); a cluster address is checked to answer within
+    :data:`RAY_CONNECT_TIMEOUT_S` (one line naming it otherwise). Ctrl-C or SIGTERM while Ray
+    starts become the usual clean stop (one line, 130/143, Ray's processes ended).
+    """
+    global _started_local_cluster
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray starts its workers at nice 15; here the workers ARE the compute (engines), so on a
     # machine with any other load they starve (measured: engine calls 16x slower at load 8 on
     # 2 cores, benchmarks/README.md). Only applies when this process starts the local Ray.
@@ -40,17 +59,118 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if not os.environ.get("RAY_ADDRESS") and num_cpus is not None:
-        kwargs["num_cpus"] = num_cpus
     kwargs.update(extra or {})
-    # Ray's driver installs a native SIGTERM handler that dumps a stack and kills the process,
-    # skipping the controller's cleanup; put back the handlers this process had (the CLI turns
-    # SIGTERM into a clean stop that shuts the workers down).
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    ray.init(**kwargs)
-    for sig, handler in handlers.items():
-        if callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN):
-            signal.signal(sig, handler)
+    address = str(kwargs.get("address") or os.environ.get("RAY_ADDRESS") or "")
+    if address and address not in ("local", "auto"):
+        _check_reachable(address)
+    elif not address or address == "local":
+        # Nothing outside this machine can connect: no token to manage. A joined cluster keeps
+        # its own authentication setting.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        _listen_on_loopback()
+        if num_cpus is not None:
+            kwargs.setdefault("num_cpus", num_cpus)
+    _init_with_signals_kept(kwargs)
+    _started_local_cluster = not address or address == "local"
+
+
+def _listen_on_loopback() -> None:
+    """Put the local cluster on 127.0.0.1. Ray reads the switch into a constant when it is
+    imported, which has happened in this process already: set that constant too (the processes
+    Ray starts read the variable). ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` opts out."""
+    from ray._private import ray_constants
+
+    os.environ.setdefault(_LOOPBACK_ENV, "0")
+    if os.environ[_LOOPBACK_ENV] == "0":
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _check_reachable(address: str) -> None:
+    """One line when nothing answers at ``address`` (``host:port`` or ``ray://host:port``):
+    ``ray.init`` itself would retry for minutes."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise PolyrlError(
+            f"RAY_ADDRESS={address!r} is not host:port (or ray://host:port): give the address "
+            f"`ray start --head` printed, or unset RAY_ADDRESS to start a local cluster"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PolyrlError(
+            f"cannot reach the Ray cluster at RAY_ADDRESS={address} within "
+            f"{RAY_CONNECT_TIMEOUT_S:g} s ({exc.strerror or exc}): start it there "
+            f"(`ray start --head`) or unset RAY_ADDRESS to start a local cluster"
+        ) from None
+
+
+def _init_with_signals_kept(kwargs: dict[str, Any]) -> None:
+    """``ray.init``, keeping this process's SIGTERM/SIGINT handlers.
+
+    Ray's driver installs its own SIGTERM handler (``sys.exit``, with a native stack dump later),
+    skipping the controller's cleanup; the handlers this process had are put back (the CLI turns
+    SIGTERM into a clean stop that shuts the workers down). A signal that Ray's handler took
+    during ``ray.init`` is seen through a wakeup pipe and raised again once ours are back.
+    """
+    signals = (signal.SIGTERM, signal.SIGINT)
+    handlers = {sig: signal.getsignal(sig) for sig in signals}
+    main_thread = threading.current_thread() is threading.main_thread()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous_wakeup = signal.set_wakeup_fd(wake_write) if main_thread else None
+    caught: int | None = None
+    try:
+        ray.init(**kwargs)
+    except SystemExit:
+        caught = _signal_seen(wake_read, signals)
+        if caught is None:
+            raise
+    finally:
+        if previous_wakeup is not None:
+            signal.set_wakeup_fd(previous_wakeup)
+        os.close(wake_read)
+        os.close(wake_write)
+        for sig, handler in handlers.items():
+            if callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN):
+                signal.signal(sig, handler)
+    if caught is not None:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        signal.raise_signal(caught)
+
+
+def _signal_seen(wake_read: int, signals: Sequence[int]) -> int | None:
+    """The first of ``signals`` written to the wakeup pipe, if any."""
+    try:
+        seen = os.read(wake_read, 1024)
+    except BlockingIOError:
+        return None
+    return next((number for number in seen if number in signals), None)
+
+
+def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
+    """One line, at once, when the cluster this process started cannot hold ``bundles`` at all
+    (GPUs asked on a machine without any): Ray would otherwise wait for resources that no one
+    can add. A joined cluster may grow (autoscaler), so it is left to the placement timeout."""
+    if not _started_local_cluster:
+        return
+    total = ray.cluster_resources()
+    for resource in sorted({key for bundle in bundles for key in bundle}):
+        need = sum(bundle.get(resource, 0) for bundle in bundles)
+        have = total.get(resource, 0)
+        if need > have:
+            fix = (
+                "set trainer.device=cpu, or lower trainer.n_gpus_per_node / trainer.nnodes / "
+                "trainer.resource_pools"
+                if resource == "GPU"
+                else "lower trainer.n_gpus_per_node / trainer.resource_pools or raise the CPUs "
+                "Ray may use (trainer.ray_init.num_cpus)"
+            )
+            raise PolyrlError(
+                f"pool {pool!r} needs {need:g} {resource} but this machine's Ray cluster has "
+                f"{have:g}: {fix}"
+            )
 
 
 @ray.remote(num_cpus=0)
@@ -114,6 +234,7 @@ class WorkerGroup(SPMDGroup):
         if device == "cuda":
             resources["GPU"] = 1
         bundles = [dict(resources) for _ in range(world_size)]
+        check_cluster_fits(bundles, name)
         self.placement_group: Any = placement_group(bundles, strategy="PACK")
         try:
             ray.get(self.placement_group.ready(), timeout=placement_timeout_s)

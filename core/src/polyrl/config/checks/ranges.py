@@ -27,6 +27,8 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULER_TYPES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right")
 REWARD_ON_ERROR = ("score", "raise")
+REWARD_SANDBOX = ("auto", "always", "never")
+CODE_SCORE_MODES = ("fraction", "all")  # polyrl.rewards.code.SCORE_MODES
 
 
 def _positive(v: float) -> bool:
@@ -111,6 +113,13 @@ def check_ranges(checker: Checker) -> None:
     c.number("reward_model.timeout_s", _positive, "> 0")
     c.number("reward_model.num_workers", at_least(1), ">= 1", integer=True)
     c.choice("reward_model.on_error", REWARD_ON_ERROR)
+    c.choice("reward_model.sandbox", REWARD_SANDBOX)
+    c.number("reward_model.sandbox_memory_mb", at_least(64), ">= 64", integer=True)
+    c.choice("reward_model.code.score", CODE_SCORE_MODES)
+    c.number("reward_model.code.case_timeout_s", _positive, "> 0")
+    c.number("reward_model.code.max_parallel", at_least(1), ">= 1", integer=True)
+    c.number("reward_model.code.memory_mb", at_least(64), ">= 64", integer=True)
+    c.number("reward_model.code.max_output_kb", at_least(1), ">= 1", integer=True)
     c.number("custom_reward_function.load_timeout_s", _positive, "> 0")
     c.number("reward_model.max_consecutive_timeouts", at_least(1), ">= 1", integer=True)
     c.number("reward_model.max_failure_rate", lambda v: 0 < v <= 1, "in (0, 1]")

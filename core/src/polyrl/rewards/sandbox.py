@@ -1,0 +1,296 @@
+"""Run untrusted Python (model-written programs, scorers that evaluate expressions, reward code
+marked untrusted) in a separate, limited process, so that it cannot take down, hang, or reach out
+of the run.
+
+What a sandboxed process gets (``_sandbox_child.py`` applies it, best effort, and lists what it
+applied in ``POLYRL_SANDBOX``):
+
+- resource limits: address space (``memory_mb``), CPU seconds, processes (no fork bombs), size
+  of files written; no core dumps;
+- a wall-clock limit enforced here: the whole process group is killed;
+- no network: a new network namespace where the OS allows one (root, or unprivileged user
+  namespaces); otherwise an audit hook refuses to create sockets in Python code;
+- a fresh working directory (deleted afterwards) that is the only writable place when a mount
+  namespace is available (everything else read-only); a clean, minimal environment;
+- not root: a process started as root switches to ``nobody``;
+- JSON over pipes to talk to it: nothing it sends is unpickled.
+
+What it does NOT protect against (say so, do not assume otherwise): reading files the user can
+read (and, when Python is installed in a root-only folder, any file: the sandbox keeps the right
+to read so that Python can import its standard library); kernel exploits; using up CPU time of the
+machine until the wall-clock limit; and, without namespaces, native code opening sockets around
+the audit hook or writing to world-writable folders. For hostile code at scale, run the reward in
+a container or VM (a reward plugin can).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+_LAUNCHER = str(Path(__file__).with_name("_sandbox_child.py"))
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one sandboxed process; None lifts a limit. ``max_processes`` counts every
+    process and thread of the sandbox user (``nobody`` when started as root)."""
+
+    memory_mb: int | None = 1024
+    cpu_s: float | None = None
+    max_processes: int | None = 64
+    max_file_mb: int | None = 16
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """How a sandboxed program ended. ``returncode`` is negative for a signal (-9: killed);
+    ``timed_out`` and ``truncated`` say that we killed it (wall clock, too much output)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool
+    elapsed_s: float
+
+
+def clean_env(workdir: str) -> dict[str, str]:
+    """The whole environment of a sandboxed process: nothing of the driver's (tokens, paths)."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        # one thread each: numeric libraries otherwise reserve memory per core, which the
+        # address-space limit counts
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    if "POLYRL_SANDBOX" in os.environ:  # nested: the launcher keeps the outer sandbox
+        env["POLYRL_SANDBOX"] = os.environ["POLYRL_SANDBOX"]
+    return env
+
+
+def _command(target: str, args: list[Any], workdir: str, limits: SandboxLimits) -> list[str]:
+    """``python -I -B`` (no user site, no environment, no bytecode written); ``-S`` too for a
+    program file: it gets the standard library only, and starts faster."""
+    settings = {
+        "workdir": workdir,
+        "target": target,
+        "args": args,
+        "parent": os.getpid(),
+        **asdict(limits),
+    }
+    flags = ["-I", "-B"] + (["-S"] if target.endswith(".py") else [])
+    return [sys.executable, *flags, _LAUNCHER, json.dumps(settings)]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the sandbox's whole process group (its session), then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def run_program(
+    source: str,
+    stdin: str = "",
+    *,
+    timeout_s: float = 5.0,
+    limits: SandboxLimits = SandboxLimits(),
+    max_output_bytes: int = 1 << 20,
+) -> ProgramResult:
+    """Run ``source`` as a Python program in the sandbox, ``stdin`` as its input.
+
+    Returns within about ``timeout_s`` whatever the program does; output past
+    ``max_output_bytes`` (stdout and stderr together) ends the program (``truncated``).
+    """
+    start = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="polyrl-sandbox-")
+    try:
+        Path(workdir, "main.py").write_text(source, encoding="utf-8")
+        with tempfile.TemporaryFile() as stdin_file:
+            stdin_file.write(stdin.encode("utf-8", "replace"))
+            stdin_file.seek(0)
+            proc = subprocess.Popen(
+                _command("main.py", [], workdir, limits),
+                stdin=stdin_file,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=clean_env(workdir),
+                start_new_session=True,
+            )
+        deadline = start + timeout_s
+        out, err, timed_out, truncated = _collect(proc, deadline, max_output_bytes)
+        kill_group(proc)  # anything it left behind in its session
+        return ProgramResult(
+            returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            timed_out=timed_out,
+            truncated=truncated,
+            elapsed_s=time.monotonic() - start,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+    """Read stdout and stderr until both close, the deadline passes or ``cap`` bytes came."""
+    chunks: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+    with selectors.DefaultSelector() as sel:
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, 1)
+        sel.register(proc.stderr, selectors.EVENT_READ, 2)
+        while sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                kill_group(proc)
+                return bytes(chunks[1]), bytes(chunks[2]), True, False
+            for key, _ in sel.select(timeout=remaining):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                chunks[key.data] += data
+                if len(chunks[1]) + len(chunks[2]) > cap:
+                    kill_group(proc)
+                    return bytes(chunks[1][:cap]), bytes(chunks[2][:cap]), False, True
+    proc.stdout.close()
+    proc.stderr.close()
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return bytes(chunks[1]), bytes(chunks[2]), True, False
+    return bytes(chunks[1]), bytes(chunks[2]), False, False
+
+
+# ---- long-lived sandboxed workers, spoken to in JSON lines --------------------------------------
+def to_json(value: Any) -> Any:
+    """``json.dumps`` fallback for what parquet rows hold: numpy arrays and scalars, bytes."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"cannot send a {type(value).__name__} to a sandboxed process")
+
+
+class JsonLines:
+    """A message connection over two file descriptors, one JSON document per line (the
+    ``send``/``recv``/``poll``/``fileno`` of ``multiprocessing.connection.Connection``).
+
+    Meant for request/response use: a buffered second line is not signalled by ``fileno``."""
+
+    def __init__(self, read: IO[bytes], write: IO[bytes]) -> None:
+        self._read = read
+        self._fd = read.fileno()  # read with os.read: the file object's buffer stays unused
+        self._write = write
+        self._buffer = bytearray()
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def send(self, message: Any) -> None:
+        try:
+            line = json.dumps(message, default=to_json, allow_nan=True)
+        except ValueError as exc:  # a circular structure: not the pipe's fault
+            raise TypeError(str(exc)) from exc
+        self._write.write(line.encode() + b"\n")
+        self._write.flush()
+
+    def poll(self) -> bool:
+        if b"\n" in self._buffer:
+            return True
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._fd, selectors.EVENT_READ)
+            return bool(sel.select(timeout=0))
+
+    def recv(self) -> Any:
+        while b"\n" not in self._buffer:
+            data = os.read(self._fd, 65536)
+            if not data:
+                raise EOFError("the sandboxed process closed its output")
+            self._buffer += data
+        line, _, rest = self._buffer.partition(b"\n")
+        self._buffer = bytearray(rest)
+        return json.loads(line)
+
+    def close(self) -> None:
+        for stream in (self._write, self._read):
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def serve_stdio() -> JsonLines:
+    """In a sandboxed worker: the connection to the driver over stdin/stdout. What the worker's
+    code prints goes to stderr instead, so it cannot corrupt the messages."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    return JsonLines(os.fdopen(0, "rb"), out)
+
+
+class SandboxedProcess:
+    """A long-lived sandboxed worker running ``target`` (``module:function``, called with
+    ``args``), with the few ``multiprocessing.Process`` members the reward runner uses."""
+
+    def __init__(self, target: str, args: list[Any], limits: SandboxLimits, name: str) -> None:
+        self.name = name
+        self.workdir = tempfile.mkdtemp(prefix="polyrl-sandbox-")
+        self._proc = subprocess.Popen(
+            _command(target, args, self.workdir, limits),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=self.workdir,
+            env=clean_env(self.workdir),
+            start_new_session=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self.conn = JsonLines(self._proc.stdout, self._proc.stdin)
+        self.sentinel = os.pidfd_open(self._proc.pid)
+        self._released = False
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.poll()
+
+    def is_alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the process; once it has ended, release what it had (as :meth:`kill`)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=timeout)
+        if self._proc.returncode is not None:
+            self.kill()
+
+    def kill(self) -> None:
+        """Kill the whole group, free the pipes and delete the working directory (idempotent)."""
+        kill_group(self._proc)
+        if self._released:
+            return
+        self._released = True
+        for closer in (self.conn.close, lambda: os.close(self.sentinel)):
+            with contextlib.suppress(OSError):
+                closer()
+        shutil.rmtree(self.workdir, ignore_errors=True)
