@@ -169,12 +169,13 @@ def test_weights_after_one_step_match(results: list[dict], stage: int) -> None:
     assert ds.keys() == fsdp.keys()
     # AdamW's first step moves each weight by about lr x g / (|g| + eps): where a gradient entry
     # is near zero (k_proj's bias, whose exact gradient is 0), its summation-order noise reaches
-    # the update. So: all but 1e-4 of the entries agree to 1e-6 (weight decay alone moves them by
+    # the update. So: all but 2e-4 of the entries agree to 1e-6 (weight decay alone moves them by
     # 2e-5, so its absence would show), and none differs by more than 5% of one step (measured:
-    # 16 of 443776 entries beyond 1e-6, at most 9e-5, under ZeRO-3; fewer under ZeRO-1/2).
+    # 16 of 443776 entries beyond 1e-6, at most 9e-5, under ZeRO-3 with both engines padded; 54
+    # with fsdp2's packed rows, whose attention sums in another order).
     lr = results[0]["fsdp2"]["metrics"]["actor/lr"]
     beyond = sum(int(((ds[name] - tensor).abs() > 1e-6).sum()) for name, tensor in fsdp.items())
-    assert beyond <= 1e-4 * sum(tensor.numel() for tensor in fsdp.values())
+    assert beyond <= 2e-4 * sum(tensor.numel() for tensor in fsdp.values())
     for name, tensor in fsdp.items():
         torch.testing.assert_close(ds[name], tensor, rtol=0, atol=0.05 * lr, msg=name)
     for rank in results:

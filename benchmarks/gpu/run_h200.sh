@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The GPU run of issue 5: `polyrl train` on H200s with FSDP2 and the HF rollout, on a randomly
-# initialised Qwen2-0.5B-shaped model, then the per-phase report. From the repo root:
-#   bash benchmarks/gpu/run_h200.sh 1 2      # one run on 1 GPU, then one on 2 GPUs
+# `polyrl train` on H200s with FSDP2 and the HF rollout, on a randomly initialised Qwen2-shaped
+# model, then the per-phase report (issue 5; issue 10 item 5 for the update's MFU). From the
+# repo root:
+#   bash benchmarks/gpu/run_h200.sh 1 2                  # one run on 1 GPU, then one on 2 GPUs
+#   SHAPE=qwen2.5-1.5b bash benchmarks/gpu/run_h200.sh 1  # the Qwen2.5-1.5B shape
+# Environment: SHAPE (qwen2-0.5b), STEPS (6), TOKENS (the update's token budget per micro-batch
+# and GPU, 16384), TAG (a suffix of the run folder), EXTRA (more overrides, space-separated).
 set -euo pipefail
-model=${MODEL:-/tmp/qwen2-0.5b-random}
+shape=${SHAPE:-qwen2-0.5b}
+model=${MODEL:-/tmp/$shape-random}
 out_root=${OUT:-/tmp/polyrl-gpu}
 steps=${STEPS:-6}
-[ -f "$model/config.json" ] || python3 benchmarks/gpu/make_random_model.py "$model"
+tokens=${TOKENS:-16384}
+[ -f "$model/config.json" ] || python3 benchmarks/gpu/make_random_model.py "$model" --shape "$shape"
 for gpus in "${@:-1}"; do
-    out="$out_root/h200_${gpus}gpu"
+    out="$out_root/h200_${shape}_${gpus}gpu${TAG:-}"
     rm -rf "$out"
+    # shellcheck disable=SC2086  # EXTRA is a list of overrides
     timeout "${RUN_TIMEOUT:-300}" python3 -m polyrl train recipe=tiny \
         actor_rollout_ref.model.path="$model" \
         actor_rollout_ref.model.dtype=bfloat16 \
@@ -17,6 +24,9 @@ for gpus in "${@:-1}"; do
         actor_rollout_ref.actor.optim.lr=1e-6 \
         actor_rollout_ref.actor.ppo_mini_batch_size=32 \
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 \
+        actor_rollout_ref.actor.use_dynamic_bsz=true \
+        actor_rollout_ref.actor.ppo_max_token_len_per_gpu="$tokens" \
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$tokens" \
         actor_rollout_ref.rollout.dtype=bfloat16 \
         actor_rollout_ref.rollout.n=8 \
         actor_rollout_ref.rollout.micro_batch_size=256 \
@@ -24,6 +34,6 @@ for gpus in "${@:-1}"; do
         trainer.device=cuda trainer.n_gpus_per_node="$gpus" \
         trainer.total_training_steps="$steps" trainer.save_freq=-1 trainer.test_freq=-1 \
         trainer.val_before_train=false trainer.export_hf_model=false \
-        trainer.logger=[console,jsonl] trainer.default_local_dir="$out"
-    python3 benchmarks/gpu/report.py "$out" --params 494e6 --gpus "$gpus"
+        trainer.logger=[console,jsonl] trainer.default_local_dir="$out" ${EXTRA:-}
+    python3 benchmarks/gpu/report.py "$out" --model "$model" --gpus "$gpus"
 done

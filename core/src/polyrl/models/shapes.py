@@ -46,7 +46,53 @@ QWEN2_05B: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
-SHAPES: dict[str, dict[str, Any]] = {"tiny": QWEN2_TINY, "qwen2-0.5b": QWEN2_05B}
+# Qwen2.5-1.5B's published config (1.54B parameters).
+QWEN25_15B: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+# Larger published Qwen2.5 configs, for the memory benchmarks (which model fits one GPU).
+QWEN25_3B: dict[str, Any] = {
+    **QWEN25_15B,
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+}
+QWEN25_7B: dict[str, Any] = {
+    **QWEN25_15B,
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
+QWEN25_14B: dict[str, Any] = {
+    **QWEN25_7B,
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+}
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": QWEN2_TINY,
+    "qwen2-0.5b": QWEN2_05B,
+    "qwen2.5-1.5b": QWEN25_15B,
+    "qwen2.5-3b": QWEN25_3B,
+    "qwen2.5-7b": QWEN25_7B,
+    "qwen2.5-14b": QWEN25_14B,
+}
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -68,6 +114,7 @@ def build_random_model(
     tokenizer_from: str | None = "tiny",
     dtype: str = "bfloat16",
     seed: int = 0,
+    device: str = "cpu",
 ) -> str:
     """Write a randomly initialised Qwen2 of ``shape`` (safetensors in ``dtype``) into
     ``out_dir`` and return ``out_dir``.
@@ -76,8 +123,9 @@ def build_random_model(
     are a subset of every shape's vocabulary, so the folder needs no download; a folder path adds
     that folder's tokenizer (and its ``generation_config.json``); either way the config gets the
     tokenizer's special-token ids. ``None`` writes the weights and config only, without
-    special-token ids (enough for training benchmarks). Same ``seed``, same weights; the global
-    torch RNG is left as it was.
+    special-token ids (enough for training benchmarks). Same ``seed``, same weights on one
+    ``device``; the global torch RNG is left as it was. ``device="cuda"`` initialises a large
+    shape in seconds instead of minutes on the CPU.
     """
     if shape not in SHAPES:
         raise ConfigError(f"unknown model shape {shape!r}; choose one of {sorted(SHAPES)}")
@@ -88,7 +136,12 @@ def build_random_model(
 
         with tempfile.TemporaryDirectory(prefix="polyrl_tiny_tok_") as tiny:
             return build_random_model(
-                out_dir, shape, tokenizer_from=build_tiny_model(tiny), dtype=dtype, seed=seed
+                out_dir,
+                shape,
+                tokenizer_from=build_tiny_model(tiny),
+                dtype=dtype,
+                seed=seed,
+                device=device,
             )
 
     import torch
@@ -112,7 +165,8 @@ def build_random_model(
             "pad_token_id": tokenizer.pad_token_id,
         }
     config = random_model_config(shape, **token_ids)
-    with torch.random.fork_rng(devices=[]):
+    cuda = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     out = Path(out_dir)

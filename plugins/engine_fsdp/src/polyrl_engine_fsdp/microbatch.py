@@ -80,6 +80,32 @@ def token_budget_partition(lengths: RowLengths, budget: int, key: str) -> list[l
     return groups
 
 
+def packed_budget_partition(totals: list[int], budget: int, key: str) -> list[list[int]]:
+    """Groups whose real tokens (summed: a packed micro-batch carries no padding) fit ``budget``.
+
+    First-fit decreasing: rows longest first, each into the first group with room, so that few
+    groups are needed; every group lists its rows in ascending order. ``key`` names the config
+    key for the error message.
+    """
+    order = sorted(range(len(totals)), key=lambda i: (-totals[i], i))
+    groups: list[list[int]] = []
+    used: list[int] = []
+    for row in order:
+        if totals[row] > budget:
+            raise ConfigError(
+                f"a row holds {totals[row]} tokens but {key}={budget}; raise {key} to at least "
+                f"the longest prompt + response (max_prompt_length + max_response_length)"
+            )
+        slot = next((g for g, size in enumerate(used) if size + totals[row] <= budget), None)
+        if slot is None:
+            groups.append([])
+            used.append(0)
+            slot = len(groups) - 1
+        groups[slot].append(row)
+        used[slot] += totals[row]
+    return [sorted(group) for group in groups]
+
+
 def equalize_count(groups: list[list[int]], target: int) -> tuple[list[list[int]], int]:
     """Split the largest groups until there are ``target`` of them; return the groups and the
     number of dummy micro-batches still needed when every group is a single row."""
@@ -94,14 +120,19 @@ def equalize_count(groups: list[list[int]], target: int) -> tuple[list[list[int]
     return groups, max(0, target - len(groups))
 
 
-def plan_micro_batches(batch: Batch, settings: EngineSettings, training: bool) -> list[list[int]]:
+def plan_micro_batches(
+    batch: Batch, settings: EngineSettings, training: bool, packed: bool = False
+) -> list[list[int]]:
     """This rank's row groups: by token budget (``use_dynamic_bsz``) or by row count, with the
-    training or the log-prob keys; the same plan for every engine built on these settings."""
+    training or the log-prob keys; the same plan for every engine built on these settings.
+    ``packed``: the engine packs each micro-batch (no padding), so a budget counts real tokens."""
     s = settings
     if s.use_dynamic_bsz:
         budget = s.max_token_len if training else s.log_prob_max_token_len
         key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
         lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
+        if packed:
+            return packed_budget_partition(lengths.total, budget, f"actor_rollout_ref.actor.{key}")
         return token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
     size = s.micro_batch_size if training else s.log_prob_micro_batch_size
     return fixed_partition(len(batch), size)
