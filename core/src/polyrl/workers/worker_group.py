@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.workers.group import SPMDGroup, WorkerError
+from polyrl.workers.nodes import alive_nodes, check_nodes_available, placed_nodes, plan_nodes
 
 __all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
 
@@ -201,7 +202,10 @@ def remote_error_line(cause: BaseException) -> str:
 
 
 class WorkerGroup(SPMDGroup):
-    """``world_size`` actors of ``worker_cls``; rank ``r`` runs in placement-group bundle ``r``.
+    """``world_size`` actors of ``worker_cls`` on ``nnodes`` nodes, ``world_size / nnodes`` on
+    each; rank ``r`` runs in placement-group bundle ``r`` (one node: one bundle per worker), or in
+    the bundle of its node (several: one bundle per node, :mod:`polyrl.workers.nodes`);
+    ``nodes`` lists each rank's node.
 
     Each actor is built as ``worker_cls(rank=r, world_size=n, master_addr=..., master_port=...,
     **init_kwargs)`` (the address and port are a free rendezvous point on rank 0's node for
@@ -225,6 +229,7 @@ class WorkerGroup(SPMDGroup):
         threads_per_worker: int | None = None,
         placement_timeout_s: float = 120.0,
         log_dir: str | None = None,
+        nnodes: int = 1,
     ) -> None:
         self.name, self.world_size = name, world_size
         self.log_dir = log_dir
@@ -233,16 +238,17 @@ class WorkerGroup(SPMDGroup):
         resources: dict[str, float] = {"CPU": cpus_per_worker}
         if device == "cuda":
             resources["GPU"] = 1
-        bundles = [dict(resources) for _ in range(world_size)]
-        check_cluster_fits(bundles, name)
-        self.placement_group: Any = placement_group(bundles, strategy="PACK")
+        plan = plan_nodes(world_size, nnodes, resources)
+        check_cluster_fits(plan.bundles, name)
+        check_nodes_available(plan, name, alive_nodes())
+        self.placement_group: Any = placement_group(plan.bundles, strategy=plan.strategy)
         try:
             ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             remove_placement_group(self.placement_group)
             self.placement_group = None
             raise PolyrlError(
-                f"Ray could not reserve {world_size} x {bundles[0]} for pool {name!r} within "
+                f"Ray could not reserve {plan.describe()} for pool {name!r} within "
                 f"{placement_timeout_s:.0f} s; the cluster has {ray.cluster_resources()} "
                 f"(available now: {ray.available_resources()}). Lower trainer.n_gpus_per_node / "
                 f"trainer.nnodes / trainer.resource_pools or add resources."
@@ -250,12 +256,16 @@ class WorkerGroup(SPMDGroup):
 
         def strategy(rank: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(
-                placement_group=self.placement_group, placement_group_bundle_index=rank
+                placement_group=self.placement_group,
+                placement_group_bundle_index=plan.bundle_of_rank[rank],
             )
 
+        bundle_nodes = ray.util.placement_group_table(self.placement_group)["bundles_to_node_id"]
+        self.nodes = placed_nodes(plan, bundle_nodes, alive_nodes())
+        # Loopback only where no rank can be on another machine: the cluster this process started.
         master_addr, master_port = ray.get(
             _rendezvous_address.options(scheduling_strategy=strategy(0)).remote(
-                loopback=device == "cpu"
+                loopback=device == "cpu" and _started_local_cluster
             )
         )
         remote_cls = ray.remote(worker_cls)

@@ -1,0 +1,193 @@
+"""End to end: ``trainer.nnodes=2`` on a real two-node Ray cluster started on this machine.
+
+Two raylets (``ray start --head`` plus ``ray start --address=...``, one CPU each) form the
+cluster; ``RAY_ADDRESS`` makes ``polyrl train`` join it. One worker lands on each node, the two
+join one torch.distributed (gloo) group through the rendezvous on rank 0's node, and the run
+trains. The cluster lives in a temp dir of its own and only its processes are stopped (``ray
+stop`` would stop every Ray on the machine, other users' included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from test_train_tiny import polyrl_train, read_records
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+NODE_LINE = re.compile(r"^polyrl: pool 'global': 2 worker\(s\) on (\d+) node\(s\): (.+)$", re.M)
+STEPS = (
+    "trainer.n_gpus_per_node=1",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=false",
+    "trainer.export_hf_model=false",
+)
+
+
+class Cluster(NamedTuple):
+    address: str
+    node_ids: set[str]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _processes_under(temp_dir: str) -> list[int]:
+    """Pids of the processes whose command line names ``temp_dir``: this cluster's Ray processes
+    (every one of them gets its session folder, under the temp dir, as an argument)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if temp_dir.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def _wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: float) -> set[str]:
+    """The ids of the cluster's nodes once ``count`` of them are up (``ray status`` asks the GCS;
+    no driver needed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = subprocess.run(
+            [RAY, "status", f"--address={address}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        active = status.stdout.split("Active:")[-1].split("Pending:")[0]
+        ids = set(re.findall(r"node_([0-9a-f]{16,})", active))
+        if len(ids) >= count:
+            return ids
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} Ray nodes not up in {timeout_s} s:\n{status.stdout}")
+        time.sleep(0.5)
+
+
+def _start_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``ray start --block ...`` in a session of its own, its output in ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [RAY, "start", "--block", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(nodes: list[subprocess.Popen], temp_dir: str) -> None:
+    """Stop this cluster's processes only: ``ray start --block`` stops its node's processes on
+    SIGTERM; worker processes still alive after that are killed by pid."""
+    for node in reversed(nodes):
+        node.send_signal(signal.SIGTERM)
+    for node in reversed(nodes):
+        try:
+            node.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+    deadline = time.monotonic() + 10
+    while (left := _processes_under(temp_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Head and worker raylet, 1 CPU each, in a temp dir of their own; always torn down."""
+    temp_dir = tempfile.mkdtemp(prefix="polyrl-ray-")  # short: Ray's socket paths are limited
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    # every port given: the defaults (6379, 10001, 8265, 52365) may be another Ray's
+    head = [
+        "--head",
+        f"--port={port}",
+        "--include-dashboard=false",
+        f"--dashboard-port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+    ]
+    nodes: list[subprocess.Popen] = []
+    try:
+        for args in (head, [f"--address={address}"]):
+            node_args = [
+                *args,
+                "--num-cpus=1",
+                "--object-store-memory=100000000",
+                f"--temp-dir={temp_dir}",
+                f"--dashboard-agent-listen-port={_free_port()}",
+                "--disable-usage-stats",
+                "--include-log-monitor=false",  # one process less per node; tests read no logs
+            ]
+            nodes.append(_start_node(node_args, Path(temp_dir, f"node{len(nodes)}.log"), env))
+        yield Cluster(address, _wait_for_nodes(address, 2, env, timeout_s=90))
+    finally:
+        _stop(nodes, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_two_nodes_train_with_one_worker_on_each(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    run = polyrl_train(tmp_path, *STEPS, "trainer.nnodes=2", "trainer.total_training_steps=24")
+    lines = NODE_LINE.findall(run.stderr)
+    assert len(lines) == 1, run.stderr[-4000:]
+    count, where = lines[0]
+    assert count == "2", where
+    # rank 0 on one node, rank 1 on the other, both nodes of this cluster
+    placed = re.findall(r"\(node ([0-9a-f]{8})\) ranks (\d)", where)
+    assert sorted(rank for _, rank in placed) == ["0", "1"]
+    assert {node for node, _ in placed} == {node[:8] for node in cluster.node_ids}
+    records = read_records(tmp_path)
+    assert [r["step"] for r in records] == list(range(1, 25))
+    scores = [r["critic/score/mean"] for r in records]
+    first, last = sum(scores[:6]) / 6, sum(scores[-6:]) / 6
+    assert last > first + 0.1, f"reward did not rise: first steps {scores[:6]}, last {scores[-6:]}"
+
+
+def test_more_nodes_than_the_cluster_has_fail_at_once(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *STEPS, "trainer.nnodes=4",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a valid config of 4 ranks
+           f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1"]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: pool 'global' needs 4 Ray nodes with {'CPU': 0.5} each, but the cluster has 2 "
+        "node(s), 2 of them with that much: start Ray on more nodes (`ray start "
+        "--address=<head>:<port>` on each), or lower the pool's nnodes / n_gpus_per_node "
+        "(trainer.*, or actor_rollout_ref.rollout.* for the rollout's pool)"
+    ], proc.stderr[-4000:]
+    assert time.monotonic() - start < 120
