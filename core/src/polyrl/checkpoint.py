@@ -171,6 +171,8 @@ RUN_DEFINING_KEYS = (
     "actor_rollout_ref.rollout.n",
     "data.train_batch_size",
     "data.train_files",
+    # one-step off-policy checkpoints hold the next step's batch and a loader one batch ahead
+    "trainer.async_mode",
 )
 # Expected to differ between the first run and its resumption: not reported.
 RESUME_NEUTRAL_PREFIXES = (

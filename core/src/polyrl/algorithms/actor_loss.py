@@ -1,5 +1,6 @@
-"""The actor's micro-batch loss: policy loss + entropy bonus + KL loss, each aggregated with
-``loss_agg_mode`` and normalised by the totals of the MINI-batch.
+"""The actor's micro-batch loss: policy loss (weighted by the truncated importance-sampling
+correction when ``tis_imp_ratio_cap`` is set, see :mod:`polyrl.algorithms.tis`) + entropy bonus +
+KL loss, each aggregated with ``loss_agg_mode`` and normalised by the totals of the MINI-batch.
 
 The training engine calls the returned function once per micro-batch and sums the gradients, so
 the returned loss must be the micro-batch's share of the mini-batch loss. The trainer puts the
@@ -16,6 +17,8 @@ import torch
 
 from polyrl.algorithms.kl import kl_penalty
 from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
+from polyrl.algorithms.tis import truncated_is_weights
+from polyrl.config.checks.off_policy import tis_enabled
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
@@ -33,21 +36,22 @@ def _as_float(value: Any) -> float:
 def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBatchLossFn:
     """Build the :class:`~polyrl.interfaces.MicroBatchLossFn` of the actor update.
 
-    Reads ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef`` and
-    ``kl_loss_type`` from ``actor_cfg`` (the ``actor_rollout_ref.actor`` node); the policy loss
-    gets the same node for its own knobs. An algorithm that needs another aggregation (Dr.GRPO)
-    sets ``loss_agg_mode`` through its config defaults, so the value read here is the one
-    ``polyrl config`` shows.
+    Reads ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``,
+    ``kl_loss_type`` and ``tis_imp_ratio_cap`` from ``actor_cfg`` (the
+    ``actor_rollout_ref.actor`` node); the policy loss gets the same node for its own knobs.
+    An algorithm that needs another aggregation (Dr.GRPO) sets ``loss_agg_mode`` through its
+    config defaults, so the value read here is the one ``polyrl config`` shows.
 
     The micro-batch must hold the keys the policy loss reads (``old_log_probs``, ``advantages``,
-    ``response_mask`` and whatever its spec's ``requires`` adds) and, when ``use_kl_loss``,
-    ``ref_log_prob``.
+    ``response_mask`` and whatever its spec's ``requires`` adds), ``ref_log_prob`` when
+    ``use_kl_loss``, and ``rollout_log_probs`` when the TIS correction is on.
     """
     mode = check_loss_agg_mode(actor_cfg.loss_agg_mode)
     entropy_coeff = float(actor_cfg.entropy_coeff)
     use_kl_loss = bool(actor_cfg.use_kl_loss)
     kl_coef = float(actor_cfg.kl_loss_coef)
     kl_type = str(actor_cfg.kl_loss_type)
+    tis_cap = float(actor_cfg.tis_imp_ratio_cap)
 
     def actor_loss(
         micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
@@ -71,6 +75,12 @@ def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBat
             return scaled, own
 
         pg_mat, pg_metrics = policy_loss_fn(micro_batch, log_prob, actor_cfg)
+        if tis_enabled(tis_cap):
+            weights, tis_metrics = truncated_is_weights(
+                micro_batch["old_log_probs"], micro_batch["rollout_log_probs"], mask, tis_cap
+            )
+            pg_mat = pg_mat * weights
+            pg_metrics = {**pg_metrics, **tis_metrics}
         loss, pg_loss = aggregate(pg_mat)
         metrics = {"actor/pg_loss": _as_float(pg_loss)}
         metrics.update({f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})

@@ -15,10 +15,20 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from polyrl.config.checks import batches, data, model, placement, plugins, ranges
+from polyrl.config.checks import (
+    batches,
+    data,
+    lora,
+    model,
+    off_policy,
+    placement,
+    plugins,
+    ranges,
+)
 from polyrl.config.checks import pipeline as step
 from polyrl.config.checks.checker import MISSING, Checker, as_list, get
 from polyrl.errors import PolyrlError
+from polyrl.lora import describe_lora
 from polyrl.registry import Registry, get_registry
 from polyrl.specs import PluginKind
 
@@ -38,13 +48,16 @@ def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[s
     batches.check_batches(checker)
     pipeline = step.check_step(checker, selected, algorithm)
     placement.check_placement(checker, pipeline)
+    off_policy.check_off_policy(checker, pipeline)
+    lora.check_lora(checker, selected, pipeline)
     plugins.run_plugin_checks(checker, selected)
     return checker.problems
 
 
 def summarize(cfg: DictConfig, registry: Registry | None = None) -> str:
-    """A few lines that say what a run with ``cfg`` would do: the algorithm and its step, the
-    placement of its roles, the engines, the data and the batch arithmetic."""
+    """A few lines that say what a run with the valid config ``cfg`` would do: the algorithm and
+    its step, the placement of its roles, the engines, LoRA, the data and the batch
+    arithmetic."""
     registry = registry or get_registry()
 
     def g(key: str) -> Any:
@@ -63,6 +76,7 @@ def summarize(cfg: DictConfig, registry: Registry | None = None) -> str:
         f"loggers {', '.join(map(str, as_list(g('trainer.logger'))))}",
         f"data: train {g('data.train_files')}, val {g('data.val_files')}",
     ]
+    lines += [line for line in [describe_lora(cfg, registry)] if line]
     if all(isinstance(v, int) and v > 0 for v in (train, n, nnodes, per_node, mini)):
         world = nnodes * per_node
         lines.append(
@@ -114,4 +128,5 @@ def _step_lines(cfg: DictConfig, registry: Registry) -> list[str]:
         "step:",
         pipeline.describe(),
         f"placement: {placement.describe_placement(cfg, roles)}",
+        off_policy.describe_schedule(cfg, pipeline),
     ]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polyrl.config.checks.off_policy import tis_enabled
 from polyrl.interfaces import RewardResult, RewardSample, SamplingParams
 from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
@@ -294,7 +295,8 @@ class AdvantageStage(Stage):
 
 class UpdateActorStage(Stage):
     """PPO epochs over mini-batches planned from this batch; the workers receive the keys the
-    policy loss (and the KL loss, when on) declare, nothing else."""
+    policy loss (and the KL loss and the truncated importance-sampling correction, when on)
+    declare, nothing else."""
 
     name = "update_actor"
     roles = ("actor",)
@@ -303,7 +305,8 @@ class UpdateActorStage(Stage):
         actor = cfg.actor_rollout_ref.actor
         loss = get_registry().get(PluginKind.POLICY_LOSS, actor.policy_loss.loss_mode)
         kl = ("ref_log_prob",) if actor.use_kl_loss else ()
-        self.requires = tuple(dict.fromkeys((*MODEL_INPUT_KEYS, *loss.spec.requires, *kl)))
+        tis = ("rollout_log_probs",) if tis_enabled(actor.tis_imp_ratio_cap) else ()
+        self.requires = tuple(dict.fromkeys((*MODEL_INPUT_KEYS, *loss.spec.requires, *kl, *tis)))
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)
@@ -328,3 +331,4 @@ class SyncWeightsStage(Stage):
     def run(self, state: StepState, ctx: StepContext) -> None:
         result = ctx.workers.sync_weights("actor", "rollout")
         state.metrics["perf/weight_sync_mb"] = result["bytes"] / 2**20
+        state.metrics.update({k: v for k, v in result.items() if k.startswith("weight_sync/")})

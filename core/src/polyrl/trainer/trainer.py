@@ -3,7 +3,8 @@
 The driver runs the algorithm as ordinary Python; the heavy work happens in Ray worker groups
 that host the roles the step uses (:mod:`polyrl.workers.placement`). What a step does is the
 selected algorithm's stage pipeline (:mod:`polyrl.step`): nothing here knows which algorithm
-runs.
+runs. How steps map onto pipeline runs (in order, or generating one step ahead) is the schedule
+``trainer.async_mode`` selects (:mod:`polyrl.step.schedule`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from polyrl.data.training import TrainingData
 from polyrl.errors import ConfigError
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
+from polyrl.lora import describe_lora
 from polyrl.registry import get_registry
 from polyrl.specs import PluginKind, resolve_object
 from polyrl.step.algorithm import build_pipeline, select_algorithm
 from polyrl.step.context import StepContext
-from polyrl.step.pipeline import StepState
+from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import data_metrics, timing_and_throughput
+from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray
 
@@ -157,6 +160,7 @@ class RLTrainer:
             RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
         )
         self.pipeline = build_pipeline(cfg)
+        self.schedule = make_schedule(cfg, self.pipeline)
 
         self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
         self.checkpoints.clean_stale()
@@ -207,7 +211,10 @@ class RLTrainer:
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         """The run's validation (:attr:`TrainingData.validate`); none gives no metrics."""
-        return self.data.validate(self.context) if self.data.validate else {}
+        if self.data.validate is None:
+            return {}
+        self.schedule.before_validation(self.context)
+        return self.data.validate(self.context)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, step: int) -> str:
@@ -220,6 +227,7 @@ class RLTrainer:
                 "loader": self.loader.state_dict(),
                 "stages": self.pipeline.state_dict(),
                 "config": to_container(self.cfg),
+                **self.schedule.save(staging),
             },
         )
         return self.checkpoints.commit(step, staging)
@@ -246,6 +254,7 @@ class RLTrainer:
         state = load_driver_state(self.resume_from)
         self.loader.load_state_dict(state["loader"])
         self.pipeline.load_state_dict(state["stages"])
+        self.schedule.load(self.resume_from, state)
         print(f"polyrl: resumed from {self.resume_from} (step {state['step']})", file=sys.stderr)
         return int(state["step"])
 
@@ -293,7 +302,7 @@ class RLTrainer:
                 pending_val = {}
                 metrics["training/epoch"] = float(self.loader.epoch)
                 loggers.log(metrics, step)
-                if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last):
+                if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)
         hf_model = self._export() if cfg.export_hf_model and self.total_steps > start_step else None
         metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
@@ -309,10 +318,19 @@ class RLTrainer:
             val_after=val_after,
         )
 
+    def _saves_checkpoint(self, step: int) -> bool:
+        save_freq = self.cfg.trainer.save_freq
+        return save_freq > 0 and (step % save_freq == 0 or step == self.total_steps)
+
     def _train_step(self, step: int) -> dict[str, float]:
-        state = StepState(step=step, batch=self.loader.next_batch())
         start = time.perf_counter()
-        self.pipeline.run(state, self.context)
+        # The next step's start is needed when there is one, or when this step's checkpoint
+        # must hold it (a run resumed from it with more steps continues as this one would).
+        state = self.schedule.run(
+            step,
+            self.context,
+            prefetch_next=step < self.total_steps or self._saves_checkpoint(step),
+        )
         state.timing["step"] = time.perf_counter() - start
         metrics = dict(state.metrics)
         metrics.update(data_metrics(state.batch))
@@ -342,14 +360,15 @@ class RLTrainer:
 
 
 def config_summary(cfg: DictConfig) -> str:
-    """One line on what is about to run."""
+    """One line on what is about to run (and one on LoRA, when on)."""
     arr = cfg.actor_rollout_ref
     algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator)).name
+    lora = describe_lora(cfg)
     return (
         f"polyrl: {algorithm} ({cfg.algorithm.adv_estimator}) | model {arr.model.path} | engine "
         f"{arr.actor.strategy} | rollout {arr.rollout.name} x{arr.rollout.n} | "
         f"{world_size_of(cfg)} worker(s) on {cfg.trainer.device} | "
-        f"out {cfg.trainer.default_local_dir}"
+        f"out {cfg.trainer.default_local_dir}" + (f"\npolyrl: {lora}" if lora else "")
     )
 
 
@@ -373,6 +392,7 @@ def run(cfg: DictConfig) -> TrainResult:
     from polyrl.preflight import preflight
 
     preflight(cfg)  # a missing backend is one line here, before Ray starts
+    require_cluster_to_join(cfg)  # so is trainer.nnodes > 1 without a cluster to join
     torch.manual_seed(int(cfg.trainer.seed))
     print(config_summary(cfg), file=sys.stderr)
     trainer = RLTrainer(cfg)

@@ -7,7 +7,9 @@
 - :mod:`.ranges`: types, ranges and choices of single keys;
 - :mod:`.batches`: batch arithmetic against the world size;
 - :mod:`.pipeline`: the selected algorithm and its step's data chain;
-- :mod:`.placement`: roles to resource pools.
+- :mod:`.placement`: roles to resource pools;
+- :mod:`.lora`: LoRA's keys, the engine's ``supports_lora``, the reference in the actor's pool;
+- :mod:`.off_policy`: ``trainer.async_mode`` and the truncated importance-sampling cap.
 
 Nothing here imports torch or a backend at import time. Plugins use :func:`role_world` in their
 own checks (the data-parallel size a role runs on).
