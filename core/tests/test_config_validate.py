@@ -663,15 +663,55 @@ def test_placed_roles_must_be_roles_of_the_step(registry: Registry, base: list[s
     assert line.endswith("Did you mean trainer.role_pools.actor?")
 
 
-def test_actor_and_rollout_share_a_pool_for_now(registry: Registry, base: list[str]) -> None:
-    line = one_problem(
-        registry, base, "trainer.role_pools.rollout=gen", "trainer.resource_pools.gen=1"
+SPLIT = "actor_rollout_ref.hybrid_engine=false"
+
+
+def test_split_placement_sizes_the_rollout_pool(registry: Registry, base: list[str]) -> None:
+    assert problems(registry, base, SPLIT) == []
+    by_name = ("trainer.role_pools.rollout=gen", "trainer.resource_pools.gen=1")
+    assert problems(registry, base, *by_name) == []
+    summary = summarize(
+        load_config([*base, SPLIT, "actor_rollout_ref.rollout.n_gpus_per_node=4"]), registry
     )
+    assert "rollout -> rollout (4 worker(s)); actor -> global (1 worker(s))" in summary
+    line = one_problem(registry, base, SPLIT, "actor_rollout_ref.rollout.n_gpus_per_node=0")
+    assert line.startswith("actor_rollout_ref.rollout.n_gpus_per_node=0 is out of range")
+    line = one_problem(registry, base, SPLIT, "actor_rollout_ref.rollout.n_gpus_per_node=3")
     assert line.startswith(
-        "trainer.role_pools puts the actor in pool 'global' and the rollout in pool 'gen': "
-        "they must share a pool for now"
+        "data.train_batch_size 8 is not divisible by the rollout pool's 3 data-parallel rank(s)"
     )
-    assert "weight transport between pools is not implemented yet" in line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "start"),
+    [
+        (
+            ("trainer.role_pools.rollout=global",),
+            "trainer.role_pools.rollout='global' contradicts actor_rollout_ref.hybrid_engine=false",
+        ),
+        (
+            ("trainer.role_pools.actor=rollout", "trainer.resource_pools.rollout=2"),
+            "trainer.resource_pools.rollout: with actor_rollout_ref.hybrid_engine=false the",
+        ),
+        (
+            ("actor_rollout_ref.rollout.update_weights_bucket_megabytes=0",),
+            "actor_rollout_ref.rollout.update_weights_bucket_megabytes=0 is out of range",
+        ),
+    ],
+)
+def test_split_placement_contradictions(registry, base, overrides, start) -> None:
+    assert one_problem(registry, base, SPLIT, *overrides).startswith(start)
+
+
+def test_weight_sync_settings(registry: Registry, base: list[str]) -> None:
+    sync = "actor_rollout_ref.rollout.weight_sync"
+    assert one_problem(registry, base, f"{sync}.timeout_s=0").startswith(
+        f"{sync}.timeout_s=0.0 is out of range"
+    )
+    line = one_problem(registry, base, "actor_rollout_ref.rollout.temperature=0")
+    assert line.startswith(f"{sync}.probe_tokens=4 needs actor_rollout_ref.rollout.temperature > 0")
+    no_probe = ("actor_rollout_ref.rollout.temperature=0", f"{sync}.probe_tokens=0")
+    assert problems(registry, base, *no_probe) == []
 
 
 # ---- plugin-supplied checks --------------------------------------------------------------------

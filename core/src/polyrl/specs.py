@@ -125,6 +125,11 @@ class RolloutEngineSpec(_Spec):
 
     ``engine`` is a :class:`polyrl.interfaces.RolloutEngine` subclass or an import string to one.
     ``supports_sleep`` means the engine can free its memory between generations (hybrid engine).
+    ``supports_lora_adapters``: in a LoRA run (``actor_rollout_ref.model.lora_rank > 0``) the
+    engine's ``update_weights`` takes the adapters alone (peft's names, e.g.
+    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``) and applies them itself;
+    without it, weight sync sends merged weights under the base model's names (see
+    :mod:`polyrl.lora`).
     """
 
     engine: type | str = ""
@@ -133,6 +138,7 @@ class RolloutEngineSpec(_Spec):
     supports_weight_sync: bool = True
     supports_sleep: bool = False
     supports_logprobs: bool = True
+    supports_lora_adapters: bool = False
     config_class: type | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:
@@ -142,6 +148,7 @@ class RolloutEngineSpec(_Spec):
             "weight_sync": self.supports_weight_sync,
             "sleep": self.supports_sleep,
             "logprobs": self.supports_logprobs,
+            "lora_adapters": self.supports_lora_adapters,
         }
 
     def load(self) -> type:

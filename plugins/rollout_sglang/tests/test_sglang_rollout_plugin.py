@@ -105,6 +105,7 @@ def test_registered_from_its_package_with_capabilities():
         "weight_sync": True,
         "sleep": True,
         "logprobs": True,
+        "lora_adapters": False,
     }
 
 

@@ -23,12 +23,7 @@ from omegaconf import MISSING
 # Keys accepted only so that verl command lines still parse; polyrl ignores their values. Each
 # entry is a dotted key (a group stands for every key below it). Anything not listed here is read
 # by the code that the key configures (core/tests/test_config_declared.py checks both ways).
-VERL_COMPAT_KEYS: tuple[str, ...] = (
-    # verl's switch for padding-free (rmpad) forward passes; polyrl's engines always trim padding
-    # columns (FSDP) or generate without padding (vLLM), so there is nothing to switch.
-    "actor_rollout_ref.model.use_remove_padding",
-    "critic.model.use_remove_padding",
-)
+VERL_COMPAT_KEYS: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,9 +88,24 @@ class ModelConfig:
     tokenizer_path: Any = None
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = True  # in VERL_COMPAT_KEYS: accepted and ignored
+    # FSDP engine: each micro-batch packed into one row of real tokens (varlen attention on CUDA)
+    use_remove_padding: bool = True
+    # FSDP engine: Liger-Kernel's RoPE/RMSNorm/SwiGLU, when on CUDA with polyrl-engine-fsdp[cuda]
+    use_liger: bool = True
+    # FSDP engine: log-probs and entropy from hidden states, without fp32 full-vocabulary logits
+    use_fused_kernels: bool = True
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)
+    # LoRA on the actor (verl's keys; see polyrl.lora): 0 = full fine-tuning. With LoRA the
+    # reference is the same model with its adapters off, and weight sync sends merged weights
+    # (or the adapters, to a rollout engine whose plugin declares supports_lora_adapters).
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # a list of module names, or all-linear
+    lora_dropout: float = 0.0
+    # With LoRA, the HF export (trainer.export_hf_model) is the adapter folder; true: also the
+    # merged model (base + adapters) in its subfolder merged/.
+    export_merged_lora: bool = False
 
 
 @dataclass
@@ -157,6 +167,10 @@ class ActorConfig:
     clip_ratio_low: Any = None  # None: clip_ratio
     clip_ratio_high: Any = None  # None: clip_ratio
     clip_ratio_c: float = 3.0
+    # verl's truncated importance sampling: each token's policy loss weighted by
+    # min(pi_old / pi_rollout, cap), correcting for samples the rollout engine drew from another
+    # policy (numerics, or one step behind with trainer.async_mode=one_step_off); -1: off
+    tis_imp_ratio_cap: float = -1.0
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
@@ -200,6 +214,21 @@ class RolloutValConfig:
 
 
 @dataclass
+class WeightSyncConfig:
+    """The actor -> rollout weight sync after each update (polyrl.workers.weight_sync)."""
+
+    # A sync between pools that does not finish in this time fails, naming the ranks and pools
+    # that did not complete (also the timeout of each collective of the transport)
+    timeout_s: float = 600.0
+    # After each sync the rollout samples this many tokens of a fixed probe prompt and the actor
+    # scores them: the max |log-prob difference| is the metric weight_sync/probe_logprob_max_diff,
+    # an error above probe_tolerance (nats). 0: no probe. bf16 numerics alone reach ~1.5 nats on
+    # a rare sampled token (SmolLM2, CPU); weights that did not arrive differ by far more
+    probe_tokens: int = 4
+    probe_tolerance: float = 5.0
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
     n: int = 4
@@ -221,8 +250,14 @@ class RolloutConfig:
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
     # verl 0.5-0.6's key: the most bytes of weights one request of a weight sync carries, for
-    # engines that load the trainer's stream in buckets (sglang)
+    # engines that load the trainer's stream in buckets (sglang), and the bucket size of the
+    # weight transport between pools (actor_rollout_ref.hybrid_engine=false)
     update_weights_bucket_megabytes: int = 512
+    # The rollout's own pool with actor_rollout_ref.hybrid_engine=false (verl's keys): nnodes x
+    # n_gpus_per_node workers (CPU worker processes with trainer.device=cpu); unread otherwise.
+    nnodes: int = 1
+    n_gpus_per_node: int = "${trainer.n_gpus_per_node}"  # type: ignore[assignment]
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     dtype: str = "bfloat16"
     seed: int = 0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -231,6 +266,9 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    # verl's key: true colocates actor, reference and rollout in one process per device; false
+    # puts the rollout in a pool of its own (actor_rollout_ref.rollout.nnodes/n_gpus_per_node)
+    hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -244,7 +282,7 @@ class CriticModelConfig:
     # null: the actor's model (actor_rollout_ref.model.path); else any form that key accepts
     path: Any = None
     enable_gradient_checkpointing: bool = "${actor_rollout_ref.model.enable_gradient_checkpointing}"  # type: ignore[assignment]
-    use_remove_padding: bool = True  # in VERL_COMPAT_KEYS: accepted and ignored
+    use_remove_padding: bool = True  # FSDP engine: the critic's micro-batches packed too
     fsdp_config: FSDPConfig = field(default_factory=_follow_actor_fsdp)
 
 
@@ -297,6 +335,18 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class CodeRewardConfig:
+    """The ``code`` data source: a response's Python program run against the row's test cases,
+    each case in the sandbox (polyrl.rewards.code)."""
+
+    score: str = "fraction"  # fraction: share of cases passed | all: 1.0 only when all pass
+    case_timeout_s: float = 5.0  # wall-clock (and CPU) limit of one case
+    max_parallel: int = 2  # cases of one response run at once
+    memory_mb: int = 512  # address-space limit of one case's process
+    max_output_kb: int = 1024  # more output than this fails the case
+
+
+@dataclass
 class RewardModelConfig:
     # true: score every response with the reward model (the reward_model stage after reward);
     # refused when the selected algorithm's step has no reward_model role
@@ -317,6 +367,12 @@ class RewardModelConfig:
     # to score over the last failure_window_steps steps reaches max_failure_rate.
     max_failure_rate: float = 1.0
     failure_window_steps: int = 2
+    # Where scoring functions run. auto: the built-in scorers (some evaluate model output) in
+    # sandboxed workers, custom_reward_function in plain workers (the user's own code) | always:
+    # both sandboxed (custom code marked untrusted) | never: plain workers for both
+    sandbox: str = "auto"
+    sandbox_memory_mb: int = 4096  # address-space limit of one sandboxed reward worker
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
@@ -365,6 +421,10 @@ class TrainerConfig:
     # verl's hybrid engine). A pool named here needs its size in resource_pools.
     role_pools: dict[str, str] = field(default_factory=dict)
     resource_pools: dict[str, int] = field(default_factory=dict)  # pool -> workers (devices)
+    # sync: each step generates with the weights of the previous update, then trains on them.
+    # one_step_off: step k+1's batch is generated (by the policy one update behind) while step k
+    # trains; needs the rollout in a pool of its own and actor_rollout_ref.actor.tis_imp_ratio_cap
+    async_mode: str = "sync"
 
 
 @dataclass

@@ -15,12 +15,18 @@ Two heads: a causal LM (actor, reference: :meth:`TrainingEngine.compute_log_prob
 :attr:`EngineContext.head` says which to build. The value methods are optional: an engine that
 implements them sets ``supports_value_head`` on its :class:`polyrl.specs.TrainingEngineSpec`, and
 ``polyrl validate`` refuses a critic on an engine without it.
+
+LoRA (``actor_rollout_ref.model.lora_rank > 0``, for an engine whose spec sets ``supports_lora``):
+the actor's engine trains adapters on frozen base weights; :meth:`TrainingEngine.named_weights`
+then streams the merged model, :meth:`TrainingEngine.named_adapter_weights` the adapters, and
+:meth:`TrainingEngine.adapters_disabled` gives the reference policy (see :mod:`polyrl.lora`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -142,6 +148,17 @@ class TrainingEngine(ABC):
         """Stream the full (unsharded) weights as ``(hf_name, tensor)`` pairs, one at a time, for
         weight sync into a rollout engine. Collective: every rank must iterate it to the end."""
 
+    def named_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream the full LoRA adapter tensors under peft's saved names
+        (``base_model.model.<module>.lora_A.weight``), for a rollout engine that loads adapters
+        (its spec sets ``supports_lora_adapters``). Collective, like :meth:`named_weights`."""
+        raise _no_lora(self)
+
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """A context inside which the engine computes with its LoRA adapters switched off: the
+        base weights, which are a LoRA run's reference policy."""
+        raise _no_lora(self)
+
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
         """Write model, optimizer, LR schedule and RNG state under ``path`` (collective)."""
@@ -154,6 +171,13 @@ class TrainingEngine(ABC):
     def export_hf(self, path: str) -> None:
         """Write the model as a Hugging Face folder ``transformers`` can load (collective; rank 0
         writes)."""
+
+
+def _no_lora(engine: TrainingEngine) -> NotImplementedError:
+    return NotImplementedError(
+        f"{type(engine).__name__} (role {engine.ctx.role!r}) trains no LoRA adapters; set "
+        f"actor_rollout_ref.model.lora_rank > 0 on an engine whose spec sets supports_lora"
+    )
 
 
 def _no_value_head(engine: TrainingEngine) -> NotImplementedError:

@@ -6,6 +6,8 @@ needs its size in ``trainer.resource_pools``). Each pool is one
 :class:`~polyrl.workers.worker_group.WorkerGroup` of :class:`~polyrl.workers.worker.Worker`
 processes, one per device, and every worker of a pool hosts all the pool's roles (colocated:
 verl's hybrid engine when actor, rollout and reference share the global pool).
+``actor_rollout_ref.hybrid_engine=false`` gives the rollout a pool of its own (split placement);
+the rules are :mod:`polyrl.config.checks.placement`'s.
 
 :class:`RoleWorkers` is what the step calls (the :class:`polyrl.step.context.RoleCalls`
 protocol): ``call(role, method, *args, dispatch=...)`` dispatches over that role's data-parallel
@@ -22,12 +24,13 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from polyrl.config.checks.checker import is_positive_int
+from polyrl.config.checks.placement import GLOBAL_POOL, pool_of, pool_size, sized_by_nodes
 from polyrl.errors import ConfigError, PolyrlError
 from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
 from polyrl.workers.group import SPMDGroup
 from polyrl.workers.mesh import DataParallelRank, check_mesh
-
-GLOBAL_POOL = "global"
+from polyrl.workers.weight_sync import WeightSync, WeightSyncSettings
 
 
 class PoolPlan(NamedTuple):
@@ -40,14 +43,16 @@ class PoolPlan(NamedTuple):
 def plan_pools(cfg: Any, roles: Sequence[str]) -> dict[str, PoolPlan]:
     """``{pool: (size, roles)}`` for the ``roles`` the step uses, pools in first-use order.
 
-    Entries of ``trainer.role_pools`` for roles the step does not use, and pools no used role
-    is in, are ignored (a recipe may place roles of several algorithms).
+    Which pool a role is in and how big a pool is are :mod:`polyrl.config.checks.placement`'s
+    rules (the ones the validator checks): the global pool, the rollout's own pool with
+    ``actor_rollout_ref.hybrid_engine=false``, or ``trainer.role_pools`` /
+    ``trainer.resource_pools``. Entries of ``trainer.role_pools`` for roles the step does not
+    use, and pools no used role is in, are ignored (a recipe may place roles of several
+    algorithms).
     """
-    trainer = cfg.trainer
-    role_pools = {str(k): str(v) for k, v in trainer.role_pools.items()}
-    resource_pools = dict(trainer.resource_pools)
-    global_size = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    resource_pools = dict(cfg.trainer.resource_pools)
     if GLOBAL_POOL in resource_pools:
+        global_size, _ = pool_size(cfg, GLOBAL_POOL)
         raise ConfigError(
             f"trainer.resource_pools.{GLOBAL_POOL}: the {GLOBAL_POOL!r} pool's size is "
             f"trainer.nnodes x trainer.n_gpus_per_node = {global_size}; give other pools other "
@@ -55,31 +60,23 @@ def plan_pools(cfg: Any, roles: Sequence[str]) -> dict[str, PoolPlan]:
         )
     members: dict[str, list[str]] = {}
     for role in dict.fromkeys(roles):
-        members.setdefault(role_pools.get(role, GLOBAL_POOL), []).append(role)
+        members.setdefault(pool_of(cfg, role), []).append(role)
     plan = {}
     for pool, pool_roles in members.items():
-        if pool == GLOBAL_POOL:
-            size = global_size
-            where = "trainer.nnodes x trainer.n_gpus_per_node"
-        elif pool in resource_pools:
-            size = resource_pools[pool]
-            where = f"trainer.resource_pools.{pool}"
-        else:
+        size, where = pool_size(cfg, pool)
+        if size is None and pool not in resource_pools and sized_by_nodes(cfg, pool) is None:
             raise ConfigError(
                 f"trainer.role_pools puts the role(s) {pool_roles} in the pool {pool!r}, which "
                 f"trainer.resource_pools does not size (it sizes {sorted(resource_pools)}); add "
                 f"trainer.resource_pools.{pool}=<number of workers>"
             )
-        try:
-            workers = int(size)
-        except (TypeError, ValueError):
-            workers = 0
-        if workers < 1 or workers != size:
+        if not is_positive_int(size):
+            given = "" if size is None else f" = {size!r}"
             raise ConfigError(
-                f"the pool {pool!r} (roles {pool_roles}) has {size!r} workers ({where}); it "
-                f"needs a whole number of at least 1"
+                f"the pool {pool!r} (roles {pool_roles}) has no usable size ({where}{given}); "
+                f"it needs a whole number of workers, at least 1"
             )
-        plan[pool] = PoolPlan(workers, tuple(pool_roles))
+        plan[pool] = PoolPlan(size, tuple(pool_roles))
     return plan
 
 
@@ -92,7 +89,8 @@ class RoleWorkers:
     ``shutdown`` (:class:`~polyrl.workers.worker.Worker`); ``role_pools`` maps each role to its
     pool. ``pad_values`` right-pads gathered batches of different widths per key (token ids
     with the pad id); ``call_timeout_s`` bounds every call (None: no limit, the collective
-    timeout of the workers still applies).
+    timeout of the workers still applies); ``weight_sync`` sets the weight sync's transport
+    and probe (default: no probe).
     """
 
     def __init__(
@@ -102,8 +100,10 @@ class RoleWorkers:
         *,
         pad_values: dict[str, int | float] | None = None,
         call_timeout_s: float | None = None,
+        weight_sync: WeightSyncSettings | None = None,
     ) -> None:
         self.groups = dict(groups)
+        self.weight_sync = WeightSync(weight_sync)
         self.role_pools = dict(role_pools)
         unknown = {r: p for r, p in self.role_pools.items() if p not in self.groups}
         if unknown:
@@ -170,26 +170,11 @@ class RoleWorkers:
         return gather_outputs(dispatch, mesh, outputs, self.pad_values)
 
     def sync_weights(self, source: str, target: str) -> dict[str, float]:
-        """Stream ``source``'s full weights into ``target`` in every worker of their pool:
-        ``{"bytes": per worker, "seconds": slowest worker}``."""
-        pools = {source: self.pool_of(source), target: self.pool_of(target)}
-        if pools[source] != pools[target]:
-            raise PolyrlError(
-                f"weight sync from role {source!r} (pool {pools[source]!r}) to role {target!r} "
-                f"(pool {pools[target]!r}) crosses pools, which polyrl does not support yet; "
-                f"put both roles in one pool (trainer.role_pools)"
-            )
-        group = self._group(source)
-        results = group.run(
-            "sync_weights",
-            [(source, target)] * group.world_size,
-            what=f"sync_weights {source} -> {target}",
-            timeout_s=self.call_timeout_s,
-        )
-        return {
-            "bytes": float(results[0]["bytes"]),
-            "seconds": max(float(r["seconds"]) for r in results),
-        }
+        """Stream ``source``'s full weights into every worker of ``target``: in memory when
+        they share a pool, over a transport channel between pools, then probed
+        (:mod:`polyrl.workers.weight_sync`). ``{"bytes": per worker, "seconds": slowest worker,
+        "weight_sync/...": metrics}``."""
+        return self.weight_sync.sync(self, source, target)
 
     # ---- checkpoints, export, shutdown -------------------------------------------------------
     def save_checkpoint(self, directory: str) -> list[str]:
@@ -198,9 +183,15 @@ class RoleWorkers:
         return self._every_pool("save_checkpoint", directory)
 
     def load_checkpoint(self, directory: str) -> list[str]:
-        """Every pool restores its roles from ``directory/<role>`` (and re-syncs a colocated
-        rollout from the actor); the roles loaded."""
-        return self._every_pool("load_checkpoint", directory)
+        """Every pool restores its roles from ``directory/<role>``, then the rollout gets the
+        actor's restored weights (in its pool, a colocated one already did); the roles
+        loaded."""
+        loaded = self._every_pool("load_checkpoint", directory)
+        if {"actor", "rollout"} <= set(self.role_pools) and (
+            self.pool_of("actor") != self.pool_of("rollout")
+        ):
+            self.sync_weights("actor", "rollout")
+        return loaded
 
     def export_hf(self, directory: str, role: str = "actor") -> None:
         """``role``'s model as a Hugging Face folder in ``directory``."""
@@ -264,6 +255,7 @@ def start_role_workers(
     """
     import ray
 
+    from polyrl.workers.nodes import pool_nnodes, report_nodes
     from polyrl.workers.worker import Worker
     from polyrl.workers.worker_group import WorkerGroup, ensure_ray
 
@@ -291,6 +283,7 @@ def start_role_workers(
                 cpus_per_worker=cpus,
                 threads_per_worker=threads,
                 log_dir=os.path.abspath(str(cfg.trainer.default_local_dir)),
+                nnodes=pool_nnodes(cfg, pool),
                 init_kwargs={
                     "cfg": container,
                     "roles": pool_roles,
@@ -301,6 +294,7 @@ def start_role_workers(
                     "pool": pool,
                 },
             )
+        report_nodes({pool: group.nodes for pool, group in groups.items()})
         pad_id = tokens.get("pad_token_id")
         pad_values = {} if pad_id is None else {"input_ids": pad_id, "responses": pad_id}
         return RoleWorkers(
@@ -308,6 +302,8 @@ def start_role_workers(
             {role: pool for pool, p in plan.items() for role in p.roles},
             pad_values=pad_values,
             call_timeout_s=call_timeout_s,
+            # the weight sync's settings are the rollout's (a run without one never syncs)
+            weight_sync=WeightSyncSettings.from_config(cfg, tokens) if "rollout" in roles else None,
         )
     except BaseException:
         for group in groups.values():

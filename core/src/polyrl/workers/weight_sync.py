@@ -54,7 +54,7 @@ class WeightSyncSettings:
     timeout_s: float = 600.0
     bucket_bytes: int = 512 * 2**20
     probe_tokens: int = 0
-    probe_tolerance: float = 1.0
+    probe_tolerance: float = 5.0
     temperature: float = 1.0
     special_ids: tuple[int, ...] = ()
 

@@ -3,7 +3,10 @@
 It joins the pool's torch.distributed group (the engines of all its roles share it), discovers
 plugins itself (it is a separate process), builds the roles it is given and serves the driver's
 calls by role name. Roles of one pool are colocated: the actor's weights reach the rollout engine
-of the same process as an in-memory stream (:meth:`Worker.sync_weights`).
+of the same process as an in-memory stream (:meth:`Worker.sync_weights`). Between pools (the
+rollout in a pool of its own) they travel over a transport channel, a second process group that
+spans the actor's rank 0 and the rollout workers (:mod:`polyrl.workers.transport`; the driver's
+side is :mod:`polyrl.workers.weight_sync`).
 
 The step decides which roles exist (:mod:`polyrl.step`); nothing here knows an algorithm.
 """
@@ -20,7 +23,10 @@ from omegaconf import OmegaConf
 
 from polyrl.errors import PolyrlError
 from polyrl.specs import resolve_object
+from polyrl.workers import transport
+from polyrl.workers.buckets import unpack_buckets
 from polyrl.workers.mesh import DataParallelRank
+from polyrl.workers.rendezvous import rendezvous_store
 from polyrl.workers.roles import CORE_ROLES, Role, RoleContext
 
 
@@ -72,6 +78,10 @@ class Worker:
         if master_port is not None:
             self._join_process_group(str(master_addr), int(master_port))
         self.roles: dict[str, Role] = {}
+        self.weight_versions: dict[str, int] = {}  # role -> version of its last weight sync
+        # the weight channel to/from another pool, and its rendezvous (on the channel's root)
+        self._channel: transport.Channel | None = None
+        self._channel_store: Any = None
         for name in roles:
             cls = resolve_role_class(name, role_classes)
             ctx = RoleContext(
@@ -83,6 +93,7 @@ class Worker:
                 device=self.device,
                 total_training_steps=total_training_steps,
                 tokens=dict(tokens or {}),
+                peers=self.roles,
             )
             try:
                 self.roles[name] = cls(ctx)
@@ -107,12 +118,13 @@ class Worker:
             torch.cuda.set_device(0)  # Ray exposes exactly one GPU to this actor
         else:
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        timeout = timedelta(seconds=float(self.cfg.trainer.collective_timeout_s))
         dist.init_process_group(
             backend="nccl" if self.device == "cuda" else "gloo",
-            init_method=f"tcp://{master_addr}:{master_port}",
+            store=rendezvous_store(master_addr, master_port, self.rank, self.world_size, timeout),
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=float(self.cfg.trainer.collective_timeout_s)),
+            timeout=timeout,
         )
 
     def ready(self) -> int:
@@ -146,9 +158,12 @@ class Worker:
             )
         return function(*args)
 
-    def sync_weights(self, source: str, target: str) -> dict[str, float]:
+    def sync_weights(
+        self, source: str, target: str, version: int | None = None
+    ) -> dict[str, float]:
         """Stream the full weights of ``source`` into ``target`` (both in this process, no
-        disk round trip); the bytes moved and the seconds it took."""
+        disk round trip); the bytes moved and the seconds it took. ``version`` (the driver's
+        sync count) is recorded for ``target``."""
         src, dst = self._role(source), self._role(target)
         start = time.perf_counter()
         moved = 0
@@ -159,8 +174,77 @@ class Worker:
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
+        if version is not None:
+            self._check_version(target, version)
         dst.update_weights(stream())
+        if version is not None:
+            self.weight_versions[target] = version
         return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+
+    # ---- weight transport between pools ------------------------------------------------------
+    def open_weight_channel(self, timeout_s: float) -> tuple[str, int] | None:
+        """On rank 0 (the channel's root): a fresh TCPStore on a free port of this node,
+        ``(host, port)``; None on the other ranks."""
+        if self.rank != 0:
+            return None
+        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        self._channel_store, port = transport.serve_store(host, timeout_s)
+        return host, port
+
+    def join_weight_channel(
+        self, address: tuple[str, int], channel_rank: int | None, size: int, timeout_s: float
+    ) -> None:
+        """Join the channel at ``address`` as ``channel_rank`` of ``size`` (None: this worker
+        is not in it; the actor's ranks other than 0 only help gather)."""
+        if channel_rank is None:
+            return
+        host, port = address
+        self._channel = transport.Channel(
+            host, port, channel_rank, size, self.device, timeout_s, store=self._channel_store
+        )
+
+    def send_weights(self, source: str, version: int, bucket_bytes: int) -> dict[str, float]:
+        """Gather ``source``'s full weights (every rank: the gather is collective) and broadcast
+        them from the channel's root; the bytes sent and the seconds it took."""
+        start = time.perf_counter()
+        stream = self._role(source).named_weights()
+        if self._channel is None:
+            for _ in stream:
+                pass
+            return {"bytes": 0.0, "seconds": time.perf_counter() - start}
+        sent = transport.send(self._channel, stream, version, bucket_bytes)
+        return {"bytes": float(sent), "seconds": time.perf_counter() - start}
+
+    def receive_weights(self, target: str, version: int) -> dict[str, float]:
+        """Load the weights of sync ``version`` from the channel into ``target``; records the
+        version and returns it with the bytes received and the seconds it took."""
+        if self._channel is None:
+            raise RoleError(f"rank {self.rank} of pool {self.pool!r} has no weight channel")
+        self._check_version(target, version)
+        start = time.perf_counter()
+        received = 0
+
+        def buckets():
+            nonlocal received
+            for bucket in transport.receive(self._channel, version):
+                received += bucket.buffer.numel()
+                yield bucket
+
+        self._role(target).update_weights(unpack_buckets(buckets()))
+        self.weight_versions[target] = version
+        return {
+            "bytes": float(received),
+            "seconds": time.perf_counter() - start,
+            "version": float(version),
+        }
+
+    def _check_version(self, target: str, version: int) -> None:
+        last = self.weight_versions.get(target, 0)
+        if version <= last:
+            raise transport.WeightSyncError(
+                f"weight sync: version {version} for role {target!r} on rank {self.rank} of "
+                f"pool {self.pool!r} is not newer than the version it has ({last})"
+            )
 
     # ---- checkpoints, export, shutdown -------------------------------------------------------
     def save_checkpoint(self, directory: str) -> list[str]:
@@ -206,6 +290,10 @@ class Worker:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
         import torch.distributed as dist
 
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._channel_store = None
         if dist.is_initialized():
             dist.destroy_process_group()
         if errors:

@@ -7,6 +7,10 @@ Layout of a checkpoint folder::
 
 Each rank writes only its shards, so saving costs no all-gather and a checkpoint can be loaded
 on another world size (DCP reshards). RNG states differ per rank, hence one extra file each.
+
+A LoRA engine passes ``keep`` (the names of its adapter tensors): the model part then holds the
+adapters only (the frozen base weights are the model folder's, they need no copy) and the
+optimizer part the adapters' AdamW state (the only parameters it has).
 """
 
 from __future__ import annotations
@@ -73,11 +77,19 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def _dcp_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, keep: set[str] | None
+) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` (no ``optim`` without an optimizer); the model's
+    tensors limited to the names in ``keep`` unless it is None."""
     if optimizer is None:
-        return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd}
+        state = {"model": get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+    if keep is not None:
+        state["model"] = {k: v for k, v in state["model"].items() if k in keep}
+    return state
 
 
 def save_sharded(
@@ -85,36 +97,49 @@ def save_sharded(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     extra: dict[str, Any],
+    keep: set[str] | None = None,
 ) -> None:
-    """Write the DCP shards and this rank's extra state (collective)."""
+    """Write the DCP shards (the model's tensors named in ``keep``, all when None) and this
+    rank's extra state (collective)."""
     os.makedirs(path, exist_ok=True)
-    dcp.save(_dcp_state(model, optimizer), checkpoint_id=path)
+    dcp.save(_dcp_state(model, optimizer, keep), checkpoint_id=path)
     torch.save(extra, os.path.join(path, EXTRA_STATE.format(rank=dist.get_rank())))
     dist.barrier()
 
 
 def load_sharded(
-    path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    path: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    keep: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Load the shards into ``model``/``optimizer`` in place; return this rank's extra state
-    (rank 0's when the checkpoint was written by fewer ranks)."""
+    """Load the shards into ``model``/``optimizer`` in place (the model's tensors named in
+    ``keep``, all when None); return this rank's extra state (rank 0's when the checkpoint was
+    written by fewer ranks)."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
         raise CheckpointError(
             f"{path!r} is not an FSDP engine checkpoint (no DCP .metadata file); pass the folder "
             f"that save_checkpoint wrote"
         )
-    state = _dcp_state(model, optimizer)
-    if optimizer is not None and not _has_optimizer_state(path):
+    state = _dcp_state(model, optimizer, keep)
+    saved = set(SafeFileSystemReader(path).read_metadata().state_dict_metadata)
+    if optimizer is not None and not any(key.startswith("optim.") for key in saved):
         raise CheckpointError(
             f"{path!r} holds no optimizer state (written by a non-trainable engine); "
             f"a trainable engine cannot resume from it"
         )
+    _check_model_keys(path, state["model"], saved)
     dcp.load(state, storage_reader=SafeFileSystemReader(path))
+    options = StateDictOptions(strict=keep is None)
     if optimizer is None:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
     else:
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
         )
     extra_path = os.path.join(path, EXTRA_STATE.format(rank=dist.get_rank()))
     if not os.path.isfile(extra_path):
@@ -124,9 +149,17 @@ def load_sharded(
     return load_plain(extra_path)
 
 
-def _has_optimizer_state(path: str) -> bool:
-    metadata = SafeFileSystemReader(path).read_metadata()
-    return any(key.startswith("optim.") for key in metadata.state_dict_metadata)
+def _check_model_keys(path: str, wanted: dict[str, Any], saved: set[str]) -> None:
+    """Every model tensor the engine loads is in the checkpoint: a LoRA checkpoint holds the
+    adapters only, a full one no adapters, so neither resumes the other kind of run."""
+    missing = sorted(name for name in wanted if f"model.{name}" not in saved)
+    if missing:
+        held = sum(key.startswith("model.") for key in saved)
+        raise CheckpointError(
+            f"{path!r} lacks {len(missing)} of the {len(wanted)} model tensors this engine "
+            f"loads (e.g. {missing[0]!r}; it holds {held}): resume with the LoRA settings "
+            f"(actor_rollout_ref.model.lora_rank, target_modules) of the run that wrote it"
+        )
 
 
 def loop_state(global_step: int, scheduler: Any, device: torch.device) -> dict[str, Any]:
@@ -167,6 +200,21 @@ def export_on_rank0(
             settings.tokenizer_path or model_path,
             settings.trust_remote_code,
         )
+
+
+def write_adapter_export(
+    path: str,
+    model: nn.Module,
+    adapters: dict[str, torch.Tensor],
+    settings: Any,
+    model_path: str,
+) -> None:
+    """A LoRA run's HF export (rank 0 only): the adapter folder peft loads
+    (``PeftModel.from_pretrained(base, path)``) with the tokenizer files beside it."""
+    from polyrl_engine_fsdp.lora import write_adapter_folder
+
+    write_adapter_folder(path, model, adapters)
+    _copy_tokenizer(settings.tokenizer_path or model_path, path, settings.trust_remote_code)
 
 
 def full_state_dict_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:

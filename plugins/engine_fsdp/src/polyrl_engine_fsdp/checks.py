@@ -7,9 +7,11 @@ an engine built outside a validated run.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from polyrl.config.checks import role_world
+from polyrl.lora import lora_problems, lora_rank
 from polyrl_engine_fsdp.plugin import ENGINE_NAMES
 
 ACTOR = "actor_rollout_ref.actor"
@@ -129,6 +131,7 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
         ),
     )
     problems += optim_problems(engine.optim, prefix)
+    problems += lora_problems(model)
     size = fsdp_size_problem(engine.fsdp_config, prefix, world_size)
     return [*problems, *([size] if size else [])]
 
@@ -162,9 +165,21 @@ def check_config(cfg: Any) -> list[str]:
             problems += [size] if size else []
     offload = offload_problem(actor.fsdp_config, ACTOR)
     problems += [offload] if offload else []
+    problems += [p for p in [peft_problem(arr.model)] if p]
     if str(cfg.critic.strategy) in ENGINE_NAMES:
         problems += critic_problems(cfg)
     return problems
+
+
+def peft_problem(model: Any) -> str | None:
+    """LoRA needs peft, which the ``lora`` extra of this package brings (located, not imported:
+    this check must stay light)."""
+    if lora_rank(model) == 0 or importlib.util.find_spec("peft") is not None:
+        return None
+    return (
+        f"actor_rollout_ref.model.lora_rank={model.lora_rank} needs peft, which is not installed: "
+        f"pip install 'polyrl-engine-fsdp[lora]'"
+    )
 
 
 def critic_problems(cfg: Any) -> list[str]:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from polyrl.config.nodes import schema_node
 from polyrl.errors import ConfigError
+from polyrl.lora import lora_rank, target_modules
 from polyrl_engine_fsdp.checks import DTYPES, dtype_name, node_problems, scheduler_type
 
 # Not a config key: the hybrid worker adds it to the engine node (training steps x mini-batches
@@ -50,6 +51,32 @@ class OptimSettings:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """``actor_rollout_ref.model.lora_rank`` and its siblings: a LoRA actor's adapters (see
+    :mod:`.lora`)."""
+
+    rank: int
+    alpha: float
+    target_modules: str | tuple[str, ...]  # "all-linear" or module names
+    dropout: float
+    export_merged: bool
+
+
+def lora_settings(model: Any) -> LoraSettings | None:
+    """The LoRA settings of a checked ``actor_rollout_ref.model`` node; None with LoRA off."""
+    if lora_rank(model) == 0:
+        return None
+    targets = target_modules(model)
+    return LoraSettings(
+        rank=lora_rank(model),
+        alpha=float(model.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else tuple(targets or ()),
+        dropout=float(model.lora_dropout),
+        export_merged=bool(model.export_merged_lora),
+    )
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything the engine needs from ``actor_rollout_ref.model`` and the role's node."""
 
@@ -58,6 +85,9 @@ class EngineSettings:
     reshard_after_forward: bool
     param_offload: bool
     gradient_checkpointing: bool
+    remove_padding: bool  # pack each micro-batch into one row (packing.py)
+    use_liger: bool  # Liger's RoPE/RMSNorm/SwiGLU kernels where available (liger.py)
+    fused_log_prob: bool  # log-probs from hidden states, no fp32 logits (fused_logprob.py)
     override_config: dict[str, Any]
     trust_remote_code: bool
     tokenizer_path: str | None
@@ -68,6 +98,7 @@ class EngineSettings:
     log_prob_max_token_len: int
     entropy_coeff: float
     optim: OptimSettings
+    lora: LoraSettings | None = None  # None: full fine-tuning
 
 
 def _split_runtime_keys(engine: Any) -> tuple[Any, int | None]:
@@ -122,6 +153,9 @@ def resolve_settings(
         # CPU together, so either key turns it on (polyrl validate asks for both to agree).
         param_offload=bool(fsdp.param_offload) or bool(fsdp.optimizer_offload),
         gradient_checkpointing=bool(model.enable_gradient_checkpointing),
+        remove_padding=bool(model.use_remove_padding),
+        use_liger=bool(model.use_liger),
+        fused_log_prob=bool(model.use_fused_kernels),
         override_config=override,
         trust_remote_code=bool(model.trust_remote_code),
         tokenizer_path=model.tokenizer_path,
@@ -141,4 +175,5 @@ def resolve_settings(
             min_lr_ratio=float(optim.min_lr_ratio),
             total_steps=total_steps,
         ),
+        lora=lora_settings(model),
     )

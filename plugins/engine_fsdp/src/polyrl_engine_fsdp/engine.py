@@ -9,15 +9,20 @@ Read ``polyrl.interfaces.training_engine`` for the contract. What this engine ad
   loss the critic role supplies;
 - AdamW + warm-up/constant/cosine schedule, grad-norm clipping, a step with a non-finite grad
   norm skipped (and reported as ``actor/skipped_step``);
-- weight streaming, DCP checkpoints and Hugging Face export (see :mod:`.checkpoint`).
+- weight streaming, DCP checkpoints and Hugging Face export (see :mod:`.checkpoint`);
+- LoRA on the actor (``actor_rollout_ref.model.lora_rank > 0``, see :mod:`.lora`): peft adapters
+  on frozen base weights; the stream is the merged model, checkpoints hold the adapters only, and
+  :meth:`FSDPEngine.adapters_disabled` is the reference policy.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -32,11 +37,14 @@ from polyrl.interfaces.training_engine import (
     TrainingEngine,
 )
 from polyrl_engine_fsdp import checkpoint as ckpt
+from polyrl_engine_fsdp import fast_paths
 from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.lora import adapter_names, apply_lora, merge_stream, saved_name
 from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_fsdp.modeling import load_hf_model, reshard_all, shard_model, torch_dtype
+from polyrl_engine_fsdp.packed_scoring import packed_log_probs, packed_values
 from polyrl_engine_fsdp.runtime import (
     default_backend,
     join_default_group,
@@ -62,6 +70,8 @@ from polyrl_engine_fsdp.training import (
     policy_micro_loss,
     report_step,
 )
+
+MERGED_FOLDER = "merged"  # the merged model's subfolder of a LoRA export
 
 # Names other modules import from here (the DeepSpeed and Megatron engines did, tests may).
 __all__ = [
@@ -92,12 +102,22 @@ class FSDPEngine(TrainingEngine):
         self.hf_config = model.config
         if not self.trainable:
             model.requires_grad_(False)
-        self.model, self.mesh = shard_model(model, self.settings, self.device)
+        # LoRA adapts the policy being trained; a critic or a frozen reference trains no adapters.
+        lora = self.settings.lora if self.trainable else None
+        self.lora = lora if self.head is ModelHead.CAUSAL_LM else None
+        # The fused log-probs call into the model's own modules: not through a LoRA wrapper.
+        head = self.head if self.lora is None else None
+        self.paths = fast_paths.prepare(model, self.settings, self.device, head)
+        wrapped = model if self.lora is None else apply_lora(model, self.lora)
+        self.model, self.mesh = shard_model(wrapped, self.settings, self.device)
+        fast_paths.finish(self.model, self.paths)
         self._accepts_logits_to_keep = accepts_logits_to_keep(model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if self.trainable:
-            self.optimizer = build_adamw(self.model.parameters(), self.settings.optim)
+            trained = [p for p in self.model.parameters() if p.requires_grad]
+            fused = self.device.type == "cuda" and not self.settings.param_offload
+            self.optimizer = build_adamw(trained, self.settings.optim, fused)
             self.scheduler = build_scheduler(self.optimizer, self.settings.optim)
         self.model.train(self.trainable)
         self.global_step = 0
@@ -106,7 +126,7 @@ class FSDPEngine(TrainingEngine):
     # ---- micro-batching -----------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, training: bool) -> tuple[list[list[int]], int]:
         """Row groups for this rank and the number of dummy passes to match the other ranks."""
-        groups = plan_micro_batches(batch, self.settings, training)
+        groups = plan_micro_batches(batch, self.settings, training, self.paths.packed)
         return equalize_over_ranks(groups, self.device)
 
     # ---- forward ------------------------------------------------------------------------------
@@ -114,6 +134,15 @@ class FSDPEngine(TrainingEngine):
         self, batch: Batch, temperature: float, entropy: EntropyMode
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
+        if self.paths.packed:
+            return packed_log_probs(
+                self.model,
+                batch,
+                self.device,
+                temperature=temperature,
+                entropy=entropy,
+                fused=self.paths.fused,
+            )
         return response_log_probs(
             self.model,
             batch,
@@ -126,12 +155,14 @@ class FSDPEngine(TrainingEngine):
     def _forward_values(self, batch: Batch) -> torch.Tensor:
         """Values ``[b, R]`` in float32, zero on padding: the head's output at the position that
         predicts each response token."""
-        trimmed, kwargs, response_attention = model_inputs(batch, self.device)
-        kept = trimmed.kept_response
         with warnings.catch_warnings():
             # The head's output (nn.Linear with a bias on [b, T, H]) is a view, which FSDP warns
             # about for the sake of in-place ops; nothing here writes into it.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* a view tensor")
+            if self.paths.packed:
+                return packed_values(self.model, batch, self.device)
+            trimmed, kwargs, response_attention = model_inputs(batch, self.device)
+            kept = trimmed.kept_response
             values = self.model(**kwargs).logits[:, -(kept + 1) : -1, 0].float()
         return pad_to_response(values, None, response_attention, kept)[0]
 
@@ -226,6 +257,8 @@ class FSDPEngine(TrainingEngine):
         check_batch(mini_batch, "FSDP")
         groups, dummies = self._micro_batches(mini_batch, training=True)
         self.model.train()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         result = accumulate(mini_batch, groups, self.device, micro_loss, torch.Tensor.backward)
         for _ in range(dummies):
             self._dummy_pass(backward=True)
@@ -233,6 +266,9 @@ class FSDPEngine(TrainingEngine):
         grad_norm, lr = self._optimizer_step()
         if entropy is not None:
             entropy.report(result, self.metric_prefix)
+        if self.device.type == "cuda":  # this step's peak, not the process's (generation's)
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            result[f"{self.metric_prefix}/peak_memory_gb"] = peak
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:
@@ -256,7 +292,45 @@ class FSDPEngine(TrainingEngine):
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full tensors in the master dtype on the engine's device, in state-dict order. A tied
-        weight is gathered once and yielded under each name the state dict has for it."""
+        weight is gathered once and yielded under each name the state dict has for it. With
+        LoRA: the merged model under the base model's names (the training weights unchanged)."""
+        if self.lora is None:
+            return self._full_weights()
+        return merge_stream(self.model, self._full_weights())
+
+    def named_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._require_lora("named_adapter_weights")
+        reshard_all(self.model)
+        adapters = adapter_names(self.model)
+        for name, value in self.model.state_dict().items():
+            if name in adapters:
+                yield saved_name(name), value.full_tensor() if isinstance(value, DTensor) else value
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """peft's switch (the weights stay as they are), with the adapters still marked
+        trainable: peft freezes them while off, and FSDP2 fixes which parameters train (and so
+        their gradients' reduce dtype) at its first forward, which may be the reference's."""
+        self._require_lora("adapters_disabled")
+        adapters = [param for param in self.model.parameters() if param.requires_grad]
+        with self.model.disable_adapter():
+            for param in adapters:
+                param.requires_grad_(True)
+            yield
+
+    def _require_lora(self, method: str) -> None:
+        if self.lora is None:
+            raise EngineUsageError(
+                f"{method} needs a LoRA engine (actor_rollout_ref.model.lora_rank > 0, role "
+                f"'actor'); this one (role {self.ctx.role!r}) trains no adapters"
+            )
+
+    def _adapter_names(self) -> set[str] | None:
+        """What checkpoints hold of the model: the adapters with LoRA, else everything."""
+        return None if self.lora is None else adapter_names(self.model)
+
+    def _full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`named_weights` of the model as it is held (with LoRA: peft's names)."""
         reshard_all(self.model)
         state = self.model.state_dict()
         owners = _tied_groups(self.model)
@@ -284,21 +358,44 @@ class FSDPEngine(TrainingEngine):
             **ckpt.loop_state(self.global_step, self.scheduler, self.device),
             "world_size": self.ctx.world_size,
         }
-        ckpt.save_sharded(path, self.model, self.optimizer, extra)
+        ckpt.save_sharded(path, self.model, self.optimizer, extra, self._adapter_names())
 
     def load_checkpoint(self, path: str) -> None:
         reshard_all(self.model)
-        extra = ckpt.load_sharded(path, self.model, self.optimizer)
+        extra = ckpt.load_sharded(path, self.model, self.optimizer, self._adapter_names())
         self.global_step = ckpt.restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
     def export_hf(self, path: str) -> None:
+        """The model as a Hugging Face folder; with LoRA the adapter folder (peft's layout) and,
+        with ``export_merged_lora``, the merged model in ``<path>/merged``."""
         self._require_head(ModelHead.CAUSAL_LM, "export_hf")
+        if self.lora is not None:
+            self._export_lora(path)
+            return
         reshard_all(self.model)
         state = ckpt.full_state_dict_on_rank0(self.model)
         dtype = torch_dtype(self.settings.dtype)
         ckpt.export_on_rank0(path, state, self.hf_config, dtype, self.settings, self.ctx.model_path)
         del state
+        dist.barrier()
+
+    def _export_lora(self, path: str) -> None:
+        assert self.lora is not None
+        rank0 = dist.get_rank() == 0
+        adapters = {name: t.cpu() for name, t in self.named_adapter_weights() if rank0}
+        if rank0:
+            source = self.ctx.model_path
+            ckpt.write_adapter_export(path, self.model, adapters, self.settings, source)
+        del adapters
+        if self.lora.export_merged:
+            merged = {name: t.cpu() for name, t in self.named_weights() if rank0}
+            dtype = torch_dtype(self.settings.dtype)
+            target = os.path.join(path, MERGED_FOLDER)
+            ckpt.export_on_rank0(
+                target, merged, self.hf_config, dtype, self.settings, self.ctx.model_path
+            )
+            del merged
         dist.barrier()
 
 

@@ -24,7 +24,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         engine=ENGINE,
         supports_cpu=True,
         supports_cuda=True,
-        supports_lora=False,
+        supports_lora=True,  # peft adapters: pip install 'polyrl-engine-fsdp[lora]'
         supports_sequence_packing=False,
         supports_weight_sync=True,
         supports_checkpoint=True,

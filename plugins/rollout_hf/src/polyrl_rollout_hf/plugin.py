@@ -23,5 +23,7 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         supports_weight_sync=True,
         supports_sleep=False,
         supports_logprobs=True,
+        # A LoRA run syncs merged weights into the transformers model (polyrl.lora).
+        supports_lora_adapters=False,
         runtime_modules=("torch", "transformers"),
     )

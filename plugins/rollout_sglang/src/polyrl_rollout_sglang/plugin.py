@@ -22,6 +22,8 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         supports_weight_sync=True,
         supports_sleep=True,
         supports_logprobs=True,
+        # A LoRA run syncs merged weights (polyrl.lora).
+        supports_lora_adapters=False,
         runtime_modules=("sglang",),
         # SGLang-specific rules of the run config (dtype, tensor parallelism, weight buckets)
         config_check="polyrl_rollout_sglang.checks:check_config",

@@ -22,6 +22,9 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         # True on CUDA; on CPU vLLM has no sleep mode and sleep()/wake_up() do nothing.
         supports_sleep=True,
         supports_logprobs=True,
+        # A LoRA run syncs merged weights for now: vLLM's own LoRA path (LoRARequest) is not
+        # wired yet (polyrl.lora).
+        supports_lora_adapters=False,
         runtime_modules=("vllm",),
         # vLLM-specific rules of the run config (dtype, tensor parallelism), for `polyrl validate`
         config_check="polyrl_rollout_vllm.checks:check_config",

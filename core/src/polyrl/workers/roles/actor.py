@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.interfaces import EngineContext
+from polyrl.lora import lora_rank, sync_sends_adapters
 from polyrl.registry import get_registry
 from polyrl.specs import PluginKind
 from polyrl.workers.mesh import DataParallelRank
@@ -153,6 +154,10 @@ class ActorRole(Role):
         policy_loss = registry.load(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
         self.loss_fn = make_actor_loss_fn(arr.actor, policy_loss)
         self.temperature = float(arr.rollout.temperature)
+        # A LoRA actor syncs the adapters alone into a rollout engine that loads them.
+        self.sends_adapters = lora_rank(arr.model) > 0 and sync_sends_adapters(
+            registry.get(PluginKind.ROLLOUT_ENGINE, arr.rollout.name).spec
+        )
 
     def data_parallel_rank(self) -> DataParallelRank:
         return self.engine.data_parallel_rank()
@@ -204,6 +209,10 @@ class ActorRole(Role):
 
     # ---- weights, checkpoints, export --------------------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What weight sync sends the rollout: the full weights (merged ones with LoRA), or the
+        LoRA adapters alone when the rollout plugin declares ``supports_lora_adapters``."""
+        if self.sends_adapters:
+            return self.engine.named_adapter_weights()
         return self.engine.named_weights()
 
     def save_checkpoint(self, path: str) -> None:

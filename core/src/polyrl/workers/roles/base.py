@@ -11,7 +11,7 @@ Plugins bring roles beyond core's ``actor``, ``ref`` and ``rollout`` by subclass
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,7 +28,9 @@ class RoleContext:
     ``cfg`` is the whole run config (an OmegaConf node, read-only); ``rank`` and ``world_size``
     are the worker's position in its pool (the torch.distributed group the role's engine
     shares with the other roles of the pool); ``tokens`` holds ``pad_token_id`` and
-    ``eos_token_ids`` of the tokenizer.
+    ``eos_token_ids`` of the tokenizer. ``peers`` are the roles of the same worker by name (all
+    of them once the worker is built), for a role that computes with another's engine: a LoRA
+    run's reference is the actor's model with the adapters off.
     """
 
     role: str
@@ -39,6 +41,7 @@ class RoleContext:
     device: str
     total_training_steps: int = 1
     tokens: dict[str, Any] = field(default_factory=dict)
+    peers: Mapping[str, Role] = field(default_factory=dict)
 
     @property
     def pad_token_id(self) -> int:
