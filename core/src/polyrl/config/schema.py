@@ -369,7 +369,8 @@ class RewardModelConfig:
     failure_window_steps: int = 2
     # Where scoring functions run. auto: the built-in scorers (some evaluate model output) in
     # sandboxed workers, custom_reward_function in plain workers (the user's own code) | always:
-    # both sandboxed (custom code marked untrusted) | never: plain workers for both
+    # both sandboxed (custom code marked untrusted) | never: plain workers for both. With
+    # num_workers=0 scoring runs in the driver, unsandboxed (auto; always refuses it)
     sandbox: str = "auto"
     sandbox_memory_mb: int = 4096  # address-space limit of one sandboxed reward worker
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)

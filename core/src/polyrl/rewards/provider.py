@@ -57,8 +57,11 @@ class NaiveRewardProvider(RewardProvider):
 def sandbox_limits(rm: Any, *, custom: bool) -> SandboxLimits | None:
     """The limits of sandboxed reward workers, or None for plain ones: ``reward_model.sandbox``
     ``never``, or ``auto`` with a custom function (the user's own code, which may need the
-    network or files: mark it untrusted with ``always``)."""
+    network or files: mark it untrusted with ``always``) or with ``num_workers=0`` (scoring in
+    the driver, which only a worker process can sandbox: the user asked for in-process scoring;
+    ``always`` refuses that combination)."""
     mode = str(rm.sandbox)
-    if mode == "never" or (mode == "auto" and custom):
+    in_driver = int(rm.num_workers) == 0
+    if mode == "never" or (mode == "auto" and (custom or in_driver)):
         return None
     return SandboxLimits(memory_mb=int(rm.sandbox_memory_mb))
