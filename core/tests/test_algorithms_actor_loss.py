@@ -58,6 +58,8 @@ def test_no_entropy_or_kl_metrics_unless_used():
     )
     assert loss.item() == pytest.approx(-1.0)
     assert "actor/entropy" not in metrics and "actor/kl_loss" not in metrics
+    # truncated IS is off by default, so the batch needs no rollout_log_probs either
+    assert not any("tis" in name for name in metrics)
 
 
 def test_kl_loss_needs_reference_log_probs():

@@ -60,18 +60,3 @@ def test_actor_loss_weights_each_tokens_policy_loss() -> None:
     # The weight is a constant: d loss / d log_prob = -A * w * r / 3 with r = 1.
     loss.backward()
     assert torch.allclose(log_prob.grad, torch.tensor([[-2.0, -1.0, 1.0]]) / 3, atol=1e-6)
-
-
-def test_off_by_default_and_the_batch_needs_no_rollout_log_probs() -> None:
-    batch = Batch(
-        {
-            "old_log_probs": torch.zeros(1, 2),
-            "advantages": torch.ones(1, 2),
-            "response_mask": torch.ones(1, 2),
-        }
-    )
-    loss, metrics = make_actor_loss_fn(actor_config(), vanilla_policy_loss)(
-        batch, torch.zeros(1, 2), None
-    )
-    assert loss.item() == pytest.approx(-1.0)
-    assert not any("tis" in name for name in metrics)

@@ -12,17 +12,15 @@ import threading
 
 import pytest
 import torch
-from test_workers_placement import trainer_cfg
+from test_workers_placement import local_workers
 
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.workers import transport
 from polyrl.workers.buckets import ALIGN, pack_buckets, unpack_buckets
-from polyrl.workers.local import LocalWorkerGroup
 from polyrl.workers.placement import RoleWorkers
 from polyrl.workers.roles import Role
 from polyrl.workers.weight_sync import WeightSyncSettings, probe_prompt, run_together
-from polyrl.workers.worker import Worker
 
 
 def odd_tensors() -> list[tuple[str, torch.Tensor]]:
@@ -159,22 +157,7 @@ class Rollout(Role):
 
 def role_workers(pools: dict[str, tuple[int, tuple[str, ...]]], **settings) -> RoleWorkers:
     classes = {"actor": Actor, "rollout": Rollout}
-    groups = {
-        pool: LocalWorkerGroup(
-            Worker,
-            world_size=size,
-            name=pool,
-            init_kwargs={
-                "cfg": trainer_cfg(),
-                "roles": roles,
-                "role_classes": classes,
-                "pool": pool,
-            },
-        )
-        for pool, (size, roles) in pools.items()
-    }
-    role_pools = {role: pool for pool, (_, roles) in pools.items() for role in roles}
-    return RoleWorkers(groups, role_pools, weight_sync=WeightSyncSettings(**settings))
+    return local_workers(pools, classes, weight_sync=WeightSyncSettings(**settings))
 
 
 @pytest.mark.timeout(60)

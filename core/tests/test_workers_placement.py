@@ -138,7 +138,11 @@ class BadMesh(Role):
 CLASSES = {"actor": Source, "rollout": Sink, "tp": TensorParallel, "bad": BadMesh}
 
 
-def local_workers(pools: dict[str, tuple[int, tuple[str, ...]]], **kwargs) -> RoleWorkers:
+def local_workers(
+    pools: dict[str, tuple[int, tuple[str, ...]]], classes: dict | None = None, **kwargs
+) -> RoleWorkers:
+    """In-process workers of ``pools`` ({pool: (size, roles)}) hosting ``classes`` (default: this
+    module's test roles); ``kwargs`` go to :class:`RoleWorkers`."""
     groups = {
         pool: LocalWorkerGroup(
             Worker,
@@ -147,7 +151,7 @@ def local_workers(pools: dict[str, tuple[int, tuple[str, ...]]], **kwargs) -> Ro
             init_kwargs={
                 "cfg": trainer_cfg(),
                 "roles": roles,
-                "role_classes": CLASSES,
+                "role_classes": classes or CLASSES,
                 "pool": pool,
                 "tokens": {"pad_token_id": 7},
             },
