@@ -29,6 +29,7 @@ from test_train_tiny import polyrl_train, read_records
 pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # see polyrl.workers.worker_group
 NODE_LINE = re.compile(r"^polyrl: pool 'global': 2 worker\(s\) on (\d+) node\(s\): (.+)$", re.M)
 STEPS = (
     "trainer.n_gpus_per_node=1",
@@ -124,6 +125,9 @@ def cluster() -> Iterator[Cluster]:
     """Head and worker raylet, 1 CPU each, in a temp dir of their own; always torn down."""
     temp_dir = tempfile.mkdtemp(prefix="polyrl-ray-")  # short: Ray's socket paths are limited
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
+    # An earlier test of this process may have started polyrl's local Ray, which switches Ray to
+    # its single-machine mode through this variable; a worker node refuses to start in it.
+    env.pop(LOCAL_ONLY_ENV, None)
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # every port given: the defaults (6379, 10001, 8265, 52365) may be another Ray's
@@ -157,6 +161,7 @@ def test_two_nodes_train_with_one_worker_on_each(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    monkeypatch.delenv(LOCAL_ONLY_ENV, raising=False)
     run = polyrl_train(tmp_path, *STEPS, "trainer.nnodes=2", "trainer.total_training_steps=24")
     lines = NODE_LINE.findall(run.stderr)
     assert len(lines) == 1, run.stderr[-4000:]
@@ -177,6 +182,7 @@ def test_more_nodes_than_the_cluster_has_fail_at_once(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    monkeypatch.delenv(LOCAL_ONLY_ENV, raising=False)
     cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *STEPS, "trainer.nnodes=4",
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a valid config of 4 ranks
            f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=1"]  # fmt: skip
