@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -28,6 +27,7 @@ import torch.distributed as dist
 
 from polyrl.errors import PolyrlError
 from polyrl.workers.buckets import Bucket, Entry, pack_buckets
+from polyrl.workers.rendezvous import listen_on
 
 # Test hook (never a config key): "exit" ends a receiving rollout worker with os._exit after its
 # first bucket, "hang" blocks it forever before it receives anything. The end-to-end tests use
@@ -42,12 +42,7 @@ class WeightSyncError(PolyrlError):
 def serve_store(host: str, timeout_s: float) -> tuple[Any, int]:
     """A TCPStore served on a free port of ``host`` only (TCPStore's own server would listen on
     every interface) for a new channel: ``(store, port)``; its root keeps the store."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.bind((host, 0))
-    listener.listen(64)
-    port = int(listener.getsockname()[1])
-    # the store serves on the descriptor from now on and owns it
+    fd, port = listen_on(host)
     store = dist.TCPStore(
         host,
         port,
@@ -55,7 +50,7 @@ def serve_store(host: str, timeout_s: float) -> tuple[Any, int]:
         True,
         timedelta(seconds=timeout_s),
         wait_for_workers=False,
-        master_listen_fd=listener.detach(),
+        master_listen_fd=fd,
     )
     return store, port
 
