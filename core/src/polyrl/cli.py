@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -246,8 +249,38 @@ class Terminated(BaseException):
     BaseException: no ``except Exception`` on the way may swallow it)."""
 
 
+#: How long stopping after Ctrl-C or SIGTERM may take (workers shut down, threads joined)
+#: before the process ends anyway with the same status: a stop must never hang.
+STOP_GRACE_S = 45.0
+
+
+def _arm_stop_deadline(name: str, code: int) -> None:
+    """End the process ``STOP_GRACE_S`` after a stop signal if unwinding has not by then (a
+    shutdown waiting on a worker call that never returns). Checkpoints are unaffected: they are
+    complete or staged, and a stale run lock is taken over by the next run."""
+
+    def expire() -> None:
+        time.sleep(STOP_GRACE_S)
+        print(
+            f"polyrl: stopped by {name}; shutting the workers down took over "
+            f"{STOP_GRACE_S:.0f} s, exiting without waiting. Checkpoints written so far are "
+            f"complete: the same command resumes from the last one (trainer.resume_mode=auto)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(code)
+
+    threading.Thread(target=expire, name="polyrl-stop-deadline", daemon=True).start()
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    _arm_stop_deadline("SIGTERM", 143)
     raise Terminated
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    _arm_stop_deadline("Ctrl-C", 130)
+    raise KeyboardInterrupt
 
 
 def _interruption(exc: BaseException) -> tuple[str, int] | None:
@@ -275,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         return int(args.func(args))
     except PolyrlError as exc:
@@ -293,3 +327,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
