@@ -51,6 +51,8 @@ def _compiled_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if state["compiled"] is None:  # compiled lazily: importing dynamo takes seconds
                     state["compiled"] = torch.compile(fn, dynamic=True)
                 return state["compiled"](*args)
+            except torch.OutOfMemoryError:
+                raise  # a real failure of this batch, not of the compiler
             except Exception as error:  # noqa: BLE001 - any compiler failure: run eagerly
                 state["broken"] = True
                 log.warning("fused log-probs: torch.compile failed (%s); running eagerly", error)
