@@ -186,12 +186,12 @@ def main() -> None:
             else:
                 fits[mode] = shape
             print(_row(shape, mode, result), flush=True)
+            report = {"args": vars(args), "results": results, "largest": fits}
+            Path(args.out).write_text(json.dumps(report, indent=1))  # kept if a later shape hangs
         if not args.keep_models:
             shutil.rmtree(model_dir, ignore_errors=True)
     largest = ", ".join(f"{mode} {shape}" for mode, shape in fits.items())
     print(f"largest shape that trains on one device: {largest}")
-    report = {"args": vars(args), "results": results, "largest": fits}
-    Path(args.out).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
