@@ -100,7 +100,7 @@ def _policy_loss(
     return loss, {"actor/pg_loss": float(loss.detach())}
 
 
-def _run_engine(model: dict, device: str = "cpu") -> dict[str, object]:
+def _run_engine(model: dict, device: str = "cpu", compiled: bool = True) -> dict[str, object]:
     from polyrl_engine_fsdp.engine import FSDPEngine
 
     gen = torch.Generator().manual_seed(0)
@@ -115,6 +115,7 @@ def _run_engine(model: dict, device: str = "cpu") -> dict[str, object]:
             "entropy_coeff": 0.1,
             "optim": {"lr": 1e-2},
             "fsdp_config": {"mixed_precision": mixed},
+            "use_torch_compile": compiled,
         },
         device=device,
     )
@@ -146,14 +147,24 @@ def test_packed_engine_matches_padded(padded_run: dict, fused: bool) -> None:
         torch.testing.assert_close(weight, padded_run["w"][name], atol=2e-4, rtol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger and varlen attention need CUDA")
-def test_cuda_liger_varlen_fused_match_padded() -> None:
-    pytest.importorskip("liger_kernel", reason="liger-kernel is the [cuda] extra")
-    padded = _run_engine(
-        {"use_remove_padding": False, "use_liger": False, "use_fused_kernels": False}, "cuda"
-    )
-    fast = _run_engine({}, "cuda")
-    assert fast["paths"].packed and fast["paths"].fused and fast["paths"].liger
+@pytest.fixture(scope="module")
+def cuda_padded_run() -> dict[str, object]:
+    plain = {"use_remove_padding": False, "use_liger": False, "use_fused_kernels": False}
+    return _run_engine(plain, "cuda", compiled=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger, Inductor and varlen need CUDA")
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-layers", "liger"])
+def test_cuda_fast_paths_match_padded(cuda_padded_run: dict, compiled: bool) -> None:
+    """Packed rows in varlen flash attention and fused log-probs, with the decoder layers
+    compiled by Inductor (the default) or patched with Liger's kernels, against the padded
+    eager path."""
+    if not compiled:
+        pytest.importorskip("liger_kernel", reason="liger-kernel is the [cuda] extra")
+    padded = cuda_padded_run
+    fast = _run_engine({}, "cuda", compiled=compiled)
+    paths = fast["paths"]
+    assert paths.packed and paths.fused and paths.compiled == compiled and paths.liger != compiled
     close = {"atol": 0.05, "rtol": 0.02}  # bf16 compute on both sides
     torch.testing.assert_close(fast["lp"], padded["lp"], **close)
     torch.testing.assert_close(fast["ent"], padded["ent"], **close)

@@ -130,6 +130,11 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     mixed_precision: bool = True  # fp32 master weights, bf16 compute
     fsdp_size: int = -1
+    # FSDP engine: within one optimizer step keep each layer's full weights gathered and its
+    # gradients unsharded in fp32, reduce-scattered once after the last micro-batch (not after
+    # each). true / false, or auto: on CUDA when the full bf16 weights and fp32 gradients take
+    # at most a tenth of the GPU's memory
+    accumulate_unsharded: Any = "auto"
 
 
 @dataclass
@@ -180,6 +185,10 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # FSDP engine, CUDA: each decoder layer's forward (and its backward) through torch.compile,
+    # which fuses the element-wise ops Liger's kernels would and cuts the per-op launch cost;
+    # Liger is then not patched in. The fused log-probs compile unless this is false
+    use_torch_compile: bool = True
 
 
 def _follow_actor_fsdp() -> FSDPConfig:

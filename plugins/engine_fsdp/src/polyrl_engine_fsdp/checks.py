@@ -29,6 +29,8 @@ DTYPES = {
     "float": "float32",
 }
 LR_SCHEDULER_TYPES = ("constant", "cosine")
+# fsdp_config.accumulate_unsharded: its values (None: the engine decides from the model's size)
+AUTO_SWITCH = {"auto": None, True: True, False: False, "true": True, "false": False}
 
 
 def dtype_name(model: Any) -> str:
@@ -116,6 +118,13 @@ def offload_problem(fsdp: Any, prefix: str) -> str | None:
     )
 
 
+def switch_problem(fsdp: Any, prefix: str) -> str | None:
+    value = fsdp.accumulate_unsharded
+    if isinstance(value, bool | str) and value in AUTO_SWITCH:
+        return None
+    return f"{prefix}.fsdp_config.accumulate_unsharded={value!r} is not one of auto, true, false"
+
+
 def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) -> list[str]:
     """Everything :func:`~polyrl_engine_fsdp.config.resolve_settings` refuses, for the engine
     node ``engine`` of one role (its keys named under ``prefix``)."""
@@ -133,7 +142,8 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
     problems += optim_problems(engine.optim, prefix)
     problems += lora_problems(model)
     size = fsdp_size_problem(engine.fsdp_config, prefix, world_size)
-    return [*problems, *([size] if size else [])]
+    switch = switch_problem(engine.fsdp_config, prefix)
+    return [*problems, *([size] if size else []), *([switch] if switch else [])]
 
 
 def actor_ref_problems(actor: Any, ref: Any) -> list[str]:
@@ -165,6 +175,7 @@ def check_config(cfg: Any) -> list[str]:
             problems += [size] if size else []
     offload = offload_problem(actor.fsdp_config, ACTOR)
     problems += [offload] if offload else []
+    problems += [p for p in [switch_problem(actor.fsdp_config, ACTOR)] if p]
     problems += [p for p in [peft_problem(arr.model)] if p]
     if str(cfg.critic.strategy) in ENGINE_NAMES:
         problems += critic_problems(cfg)

@@ -20,7 +20,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from polyrl.config.nodes import schema_node
 from polyrl.errors import ConfigError
 from polyrl.lora import lora_rank, target_modules
-from polyrl_engine_fsdp.checks import DTYPES, dtype_name, node_problems, scheduler_type
+from polyrl_engine_fsdp.checks import (
+    AUTO_SWITCH,
+    DTYPES,
+    dtype_name,
+    node_problems,
+    scheduler_type,
+)
 
 # Not a config key: the hybrid worker adds it to the engine node (training steps x mini-batches
 # x epochs), the number of optimizer steps the LR schedule spans.
@@ -88,6 +94,8 @@ class EngineSettings:
     remove_padding: bool  # pack each micro-batch into one row (packing.py)
     use_liger: bool  # Liger's RoPE/RMSNorm/SwiGLU kernels where available (liger.py)
     fused_log_prob: bool  # log-probs from hidden states, no fp32 logits (fused_logprob.py)
+    torch_compile: bool  # decoder layers and fused log-probs compiled on CUDA (compiling.py)
+    accumulate_unsharded: bool | None  # None: auto (modeling.accumulates_unsharded)
     override_config: dict[str, Any]
     trust_remote_code: bool
     tokenizer_path: str | None
@@ -156,6 +164,8 @@ def resolve_settings(
         remove_padding=bool(model.use_remove_padding),
         use_liger=bool(model.use_liger),
         fused_log_prob=bool(model.use_fused_kernels),
+        torch_compile=bool(engine.use_torch_compile),
+        accumulate_unsharded=AUTO_SWITCH[fsdp.accumulate_unsharded],
         override_config=override,
         trust_remote_code=bool(model.trust_remote_code),
         tokenizer_path=model.tokenizer_path,

@@ -17,6 +17,7 @@ Read ``polyrl.interfaces.training_engine`` for the contract. What this engine ad
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -43,7 +44,14 @@ from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.lora import adapter_names, apply_lora, merge_stream, saved_name
 from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
-from polyrl_engine_fsdp.modeling import load_hf_model, reshard_all, shard_model, torch_dtype
+from polyrl_engine_fsdp.modeling import (
+    StepGathering,
+    accumulates_unsharded,
+    load_hf_model,
+    reshard_all,
+    shard_model,
+    torch_dtype,
+)
 from polyrl_engine_fsdp.packed_scoring import packed_log_probs, packed_values
 from polyrl_engine_fsdp.runtime import (
     default_backend,
@@ -72,6 +80,8 @@ from polyrl_engine_fsdp.training import (
 )
 
 MERGED_FOLDER = "merged"  # the merged model's subfolder of a LoRA export
+
+log = logging.getLogger(__name__)
 
 # Names other modules import from here (the DeepSpeed and Megatron engines did, tests may).
 __all__ = [
@@ -105,12 +115,16 @@ class FSDPEngine(TrainingEngine):
         # LoRA adapts the policy being trained; a critic or a frozen reference trains no adapters.
         lora = self.settings.lora if self.trainable else None
         self.lora = lora if self.head is ModelHead.CAUSAL_LM else None
-        # The fused log-probs call into the model's own modules: not through a LoRA wrapper.
-        head = self.head if self.lora is None else None
-        self.paths = fast_paths.prepare(model, self.settings, self.device, head)
+        paths = fast_paths.prepare(model, self.settings, self.device)
         wrapped = model if self.lora is None else apply_lora(model, self.lora)
         self.model, self.mesh = shard_model(wrapped, self.settings, self.device)
-        fast_paths.finish(self.model, self.paths)
+        self.paths = fast_paths.finish(self.model, paths, self.settings, self.head)
+        self.gathered_steps = accumulates_unsharded(self.model, self.settings, self.device)
+        log.info(
+            "FSDP engine (%s): layers kept gathered within a step: %s",
+            ctx.role,
+            self.gathered_steps,
+        )
         self._accepts_logits_to_keep = accepts_logits_to_keep(model)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -166,12 +180,17 @@ class FSDPEngine(TrainingEngine):
             values = self.model(**kwargs).logits[:, -(kept + 1) : -1, 0].float()
         return pad_to_response(values, None, response_attention, kept)[0]
 
-    def _dummy_pass(self, backward: bool) -> None:
-        """A 2-token forward (and zero-weight backward) that only takes part in FSDP's
-        collectives, for a rank with fewer micro-batches than the others."""
+    def _dummy_pass(self, backward: Callable[[torch.Tensor], None] | None) -> None:
+        """A 2-token forward (and, with ``backward``, a zero-weight backward) that only takes
+        part in FSDP's collectives, for a rank with fewer micro-batches than the others."""
         logits = dummy_logits(self.model, self.device)
-        if backward:
-            (logits.float().sum() * 0.0).backward()
+        if backward is not None:
+            backward(logits.float().sum() * 0.0)
+
+    def _gathering(self, micro_batches: int) -> StepGathering:
+        return StepGathering(
+            self.model, self.gathered_steps, micro_batches, self.settings.reshard_after_forward
+        )
 
     def _require_head(self, head: ModelHead, method: str) -> None:
         if self.head is not head:
@@ -193,7 +212,7 @@ class FSDPEngine(TrainingEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._gathering(len(groups) + dummies):
                 for group in groups:
                     index = torch.tensor(group, dtype=torch.long)
                     micro = batch.select_keys(MODEL_KEYS).select_rows(index)
@@ -201,7 +220,7 @@ class FSDPEngine(TrainingEngine):
                         if value is not None:
                             output[index] = value.float().cpu()
                 for _ in range(dummies):
-                    self._dummy_pass(backward=False)
+                    self._dummy_pass(backward=None)
         finally:
             self.model.train(was_training)
             reshard_all(self.model)
@@ -259,9 +278,10 @@ class FSDPEngine(TrainingEngine):
         self.model.train()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        result = accumulate(mini_batch, groups, self.device, micro_loss, torch.Tensor.backward)
-        for _ in range(dummies):
-            self._dummy_pass(backward=True)
+        with self._gathering(len(groups) + dummies) as gathering:
+            result = accumulate(mini_batch, groups, self.device, micro_loss, gathering.backward)
+            for _ in range(dummies):
+                self._dummy_pass(backward=gathering.backward)
 
         grad_norm, lr = self._optimizer_step()
         if entropy is not None:

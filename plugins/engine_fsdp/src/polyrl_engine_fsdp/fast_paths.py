@@ -9,13 +9,15 @@ it uses in one log line, so that a benchmark's figures can be read against it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from polyrl.interfaces.training_engine import ModelHead
+from polyrl_engine_fsdp.compiling import compile_decoder_layers
 from polyrl_engine_fsdp.config import EngineSettings
 from polyrl_engine_fsdp.liger import apply_liger
+from polyrl_engine_fsdp.modeling import decoder_layers
 from polyrl_engine_fsdp.packed_attention import use_packed_attention
 from polyrl_engine_fsdp.packed_scoring import install_fused_forward, supports_fused
 
@@ -26,33 +28,50 @@ log = logging.getLogger(__name__)
 class FastPaths:
     packed: bool  # micro-batches packed into one row (use_remove_padding)
     fused: bool  # policy scores by fused_logprob (use_fused_kernels, packed, a plain lm_head)
-    liger: bool  # Liger kernels patched in (use_liger, CUDA, liger-kernel installed)
+    liger: bool  # Liger kernels patched in (use_liger, CUDA, liger-kernel, layers not compiled)
+    compiled: bool  # decoder layers through torch.compile (use_torch_compile, CUDA)
+    fused_compiled: bool  # the fused log-probs' statistics compiled on CUDA (use_torch_compile)
 
 
-def prepare(
-    model: torch.nn.Module,
-    settings: EngineSettings,
-    device: torch.device,
-    head: ModelHead | None,
-) -> FastPaths:
-    """Patch ``model`` (before sharding) for the paths the settings ask for and it allows.
-    ``head``: the head the engine scores with, None where the fused scores cannot reach the
-    model's own modules (a LoRA wrapper)."""
-    liger = settings.use_liger and apply_liger(model, device)
+def layer_compile_backend(device: torch.device, settings: EngineSettings) -> str | None:
+    """torch.compile's backend for the decoder layers, None to leave them eager: compiled on
+    CUDA only (on a CPU the host is no faster than the kernels it launches, and CI has no time
+    for Inductor's C++ builds)."""
+    return "inductor" if settings.torch_compile and device.type == "cuda" else None
+
+
+def prepare(model: torch.nn.Module, settings: EngineSettings, device: torch.device) -> FastPaths:
+    """Patch ``model`` (before LoRA and sharding) for the paths the settings ask for and the
+    device allows; the fused scores are decided by :func:`finish`."""
+    backend = layer_compile_backend(device, settings)
+    if backend is not None:
+        compile_decoder_layers(decoder_layers(model), backend)
+    # Compiled layers fuse what Liger's kernels would, without their per-call Python cost.
+    liger = settings.use_liger and backend is None and apply_liger(model, device)
     if settings.remove_padding:
         use_packed_attention(model)
+    return FastPaths(
+        packed=settings.remove_padding,
+        fused=False,
+        liger=liger,
+        compiled=backend is not None,
+        fused_compiled=settings.torch_compile,
+    )
+
+
+def finish(
+    model: torch.nn.Module, paths: FastPaths, settings: EngineSettings, head: ModelHead
+) -> FastPaths:
+    """After LoRA and sharding: attach the fused scoring method to the root module when the
+    settings ask for it and the (possibly LoRA-wrapped) model has a plain output embedding."""
     fused = (
-        settings.remove_padding
+        paths.packed
         and settings.fused_log_prob
         and head is ModelHead.CAUSAL_LM
         and supports_fused(model)
     )
-    paths = FastPaths(packed=settings.remove_padding, fused=fused, liger=liger)
+    if fused:
+        install_fused_forward(model, compiled=paths.fused_compiled)
+    paths = replace(paths, fused=fused)
     log.info("FSDP engine speed paths: %s", paths)
     return paths
-
-
-def finish(model: torch.nn.Module, paths: FastPaths) -> None:
-    """After sharding: attach the fused scoring method to the root module."""
-    if paths.fused:
-        install_fused_forward(model)

@@ -12,18 +12,19 @@ runs, so the gradient reaches the (FSDP-managed) weight as usual.
 For a token with logits ``z`` (divided by the temperature ``T``), ``lse = logsumexp(z)``,
 ``log p = z - lse``, ``entropy = -sum(p * log p)``; the gradient with respect to ``z`` is
 ``g_logp * (onehot - p) - g_ent * p * (log p + entropy)``, divided by ``T`` for the logits.
+
+The per-chunk statistics and gradient are compiled on CUDA (:mod:`.compiling`): eagerly each is
+a dozen kernels, each a full float32 pass over ``[chunk, vocab]`` (more time than the output
+matmul itself); compiled, they fuse into a few reductions that read the bf16 logits a few times.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from polyrl_engine_fsdp.compiling import compiled_on_cuda
 
 # Float32 elements per chunk of the softmax statistics: 2**26 floats = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 26
@@ -34,34 +35,7 @@ def _chunks(tokens: int, vocab: int) -> list[slice]:
     return [slice(start, min(start + per_chunk, tokens)) for start in range(0, tokens, per_chunk)]
 
 
-def _compiled_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` through ``torch.compile`` for CUDA tensors, eager elsewhere.
-
-    Why: eagerly, each chunk's statistics are a dozen kernels, each a full float32 pass over
-    ``[chunk, vocab]`` (~40 bytes moved per logit, more time than the output matmul itself);
-    compiled, they fuse into a few reductions that read the bf16 logits a few times. A host
-    without a working Triton/C toolchain gets the eager function (and a warning) instead.
-    """
-    state: dict[str, Any] = {"compiled": None, "broken": False}
-
-    @functools.wraps(fn)
-    def run(*args: Any) -> Any:
-        if args[0].is_cuda and not state["broken"]:
-            try:
-                if state["compiled"] is None:  # compiled lazily: importing dynamo takes seconds
-                    state["compiled"] = torch.compile(fn, dynamic=True)
-                return state["compiled"](*args)
-            except torch.OutOfMemoryError:
-                raise  # a real failure of this batch, not of the compiler
-            except Exception as error:  # noqa: BLE001 - any compiler failure: run eagerly
-                state["broken"] = True
-                log.warning("fused log-probs: torch.compile failed (%s); running eagerly", error)
-        return fn(*args)
-
-    return run
-
-
-@_compiled_on_cuda
+@compiled_on_cuda
 def _statistics(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,7 +52,7 @@ def _statistics(
     return lse, log_prob, entropy
 
 
-@_compiled_on_cuda
+@compiled_on_cuda
 def _logits_grad(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -110,27 +84,30 @@ class _LinearLogProb(torch.autograd.Function):
         labels: torch.Tensor,
         temperature: float,
         with_entropy: bool,
+        compiled: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        statistics = _statistics if compiled else _statistics.__wrapped__
         logits = hidden @ weight.t()
         tokens, vocab = logits.shape
         lse = logits.new_empty(tokens, dtype=torch.float32)
         log_prob = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for rows in _chunks(tokens, vocab):
-            lse[rows], log_prob[rows], ent = _statistics(
+            lse[rows], log_prob[rows], ent = statistics(
                 logits[rows], labels[rows], temperature, with_entropy
             )
             if with_entropy:
                 entropy[rows] = ent
         ctx.save_for_backward(hidden, weight, labels, logits, lse)
         ctx.temperature = temperature
+        ctx.compiled = compiled
         ctx.set_materialize_grads(False)  # an unused output (a detached entropy) gets None
         return log_prob, entropy
 
     @staticmethod
     def backward(
         ctx: Any, grad_log_prob: torch.Tensor | None, grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
         hidden, weight, labels, logits, lse = ctx.saved_tensors
         with_entropy = grad_entropy is not None and grad_entropy.numel() > 0
         if grad_log_prob is None:
@@ -139,8 +116,9 @@ class _LinearLogProb(torch.autograd.Function):
             grad_entropy = torch.zeros_like(lse)
         # The saved logits are ours alone (never returned): each chunk is overwritten with its
         # gradient, so backward needs no second [tokens, vocab] buffer.
+        logits_grad = _logits_grad if ctx.compiled else _logits_grad.__wrapped__
         for rows in _chunks(*logits.shape):
-            logits[rows] = _logits_grad(
+            logits[rows] = logits_grad(
                 logits[rows],
                 labels[rows],
                 lse[rows],
@@ -151,7 +129,7 @@ class _LinearLogProb(torch.autograd.Function):
             )
         grad_hidden = logits @ weight if ctx.needs_input_grad[0] else None
         grad_weight = logits.t() @ hidden if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def linear_log_prob(
@@ -160,8 +138,10 @@ def linear_log_prob(
     labels: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    compiled: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log softmax(hidden @ weight.T / T)`` at ``labels`` and (``with_entropy``) the entropy.
+    """``log softmax(hidden @ weight.T / T)`` at ``labels`` and (``with_entropy``) the entropy;
+    the softmax statistics compiled on CUDA unless ``compiled`` is false.
 
     ``hidden``: ``[M, H]``, ``weight``: ``[V, H]`` (an output embedding without bias),
     ``labels``: ``[M]``. Returns float32 ``[M]`` tensors; both carry grad when the inputs do.
@@ -172,6 +152,6 @@ def linear_log_prob(
             f"corresponds to no temperature scaling, pass 1.0"
         )
     log_prob, entropy = _LinearLogProb.apply(
-        hidden, weight.to(hidden.dtype), labels.long(), float(temperature), with_entropy
+        hidden, weight.to(hidden.dtype), labels.long(), float(temperature), with_entropy, compiled
     )
     return log_prob, entropy if with_entropy else None

@@ -116,3 +116,72 @@ def reshard_all(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+# fsdp_config.accumulate_unsharded=auto keeps the full weights and gradients when they take at
+# most this share of the GPU's memory.
+UNSHARDED_MEMORY_SHARE = 0.10
+
+
+def accumulates_unsharded(model: nn.Module, settings: EngineSettings, device: torch.device) -> bool:
+    """Whether a step keeps the layers gathered between micro-batches (:class:`StepGathering`):
+    ``fsdp_config.accumulate_unsharded``, or under ``auto`` on CUDA when the full weights (in
+    the compute dtype) and the full float32 gradients of the trained ones fit
+    :data:`UNSHARDED_MEMORY_SHARE` of the GPU."""
+    if not hasattr(model, "set_reshard_after_backward") or settings.param_offload:
+        return False  # offloaded weights live on the CPU between uses by design
+    if settings.accumulate_unsharded is not None:
+        return settings.accumulate_unsharded
+    if device.type != "cuda":
+        return False
+    weight_bytes = torch_dtype(settings.dtype).itemsize if settings.mixed_precision else 4
+    params = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    needed = weight_bytes * params + 4 * trained
+    return needed <= UNSHARDED_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory
+
+
+class StepGathering:
+    """FSDP2 within one step (``with StepGathering(...) as gathering``): with ``enabled``, each
+    layer's weights are gathered once and kept until the step's last backward, and gradients
+    accumulate unsharded in float32 (FSDP2 accumulates in the reduce dtype), reduce-scattered
+    once after the last micro-batch; otherwise FSDP2's default (gather per forward and
+    backward, reduce-scatter per backward).
+
+    Why: per micro-batch, each layer's gather and reduce-scatter cost host time even on one GPU
+    and bandwidth on several; for models small next to the GPU that is the step's overhead.
+    ``backward`` must run the backward of every one of the step's ``micro_batches`` (without
+    grad, for a forward-only loop, it is never called).
+    """
+
+    def __init__(
+        self, model: nn.Module, enabled: bool, micro_batches: int, reshard_after_forward: bool
+    ) -> None:
+        self.model: Any = model
+        self.enabled = enabled
+        self.remaining = micro_batches
+        self.reshard_after_forward = reshard_after_forward
+
+    def __enter__(self) -> StepGathering:
+        if self.enabled:
+            self.model.set_reshard_after_forward(False)
+            self.model.set_reshard_after_backward(False)
+            self.model.set_requires_gradient_sync(False)
+        return self
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.remaining -= 1
+        if self.enabled and self.remaining == 0:  # the last: reduce, then free the gathered
+            self.model.set_requires_gradient_sync(True)
+            self.model.set_reshard_after_backward(True)
+        loss.backward()
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        self.model.set_requires_gradient_sync(True)
+        self.model.set_reshard_after_backward(True)
+        self.model.set_reshard_after_forward(self.reshard_after_forward)
+        # The root keeps its weights from forward to backward, FSDP2's own choice for it.
+        self.model.set_reshard_after_forward(False, recurse=False)
+        reshard_all(self.model)

@@ -24,12 +24,24 @@ import torch.nn.functional as F
 PACKED_ATTENTION = "polyrl_packed"
 
 
-def _varlen() -> Any | None:
+def _varlen() -> tuple[Any | None, dict[str, Any], bool]:
+    """torch's varlen flash attention (None where this torch lacks it or a causal form of it),
+    the keyword arguments that make it causal, and whether it takes fewer key/value heads."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None
-    return varlen_attn
+        return None, {}, False
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        return varlen_attn, {"window_size": (-1, 0)}, "enable_gqa" in params
+    if "is_causal" in params:
+        return varlen_attn, {"is_causal": True}, "enable_gqa" in params
+    return None, {}, False
+
+
+# Looked up once: inside a compiled decoder layer (compiling.py) the attention is traced, and
+# signature inspection there would break the graph.
+_VARLEN_ATTN, _CAUSAL, _TAKES_GQA = _varlen()
 
 
 def _varlen_causal(
@@ -42,24 +54,17 @@ def _varlen_causal(
 ) -> torch.Tensor | None:
     """``[T, H, D]`` flash varlen attention, or None where this torch lacks a causal form or
     the dtype is not one flash attention takes."""
-    varlen_attn = _varlen()
-    if varlen_attn is None or query.dtype not in (torch.bfloat16, torch.float16):
+    if _VARLEN_ATTN is None or query.dtype not in (torch.bfloat16, torch.float16):
         return None
-    params = inspect.signature(varlen_attn).parameters
-    if "window_size" in params:
-        causal: dict[str, Any] = {"window_size": (-1, 0)}
-    elif "is_causal" in params:
-        causal = {"is_causal": True}
-    else:
-        return None
+    causal = dict(_CAUSAL)
     if key.shape[1] != query.shape[1]:
-        if "enable_gqa" in params:
+        if _TAKES_GQA:
             causal["enable_gqa"] = True
         else:
             repeat = query.shape[1] // key.shape[1]
             key = key.repeat_interleave(repeat, dim=1)
             value = value.repeat_interleave(repeat, dim=1)
-    return varlen_attn(query, key, value, cu, cu, max_len, max_len, scale=scale, **causal)
+    return _VARLEN_ATTN(query, key, value, cu, cu, max_len, max_len, scale=scale, **causal)
 
 
 def _per_sequence_sdpa(

@@ -12,6 +12,7 @@ after backward, exactly as for the model's own forward.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -26,10 +27,12 @@ FUSED_METHOD = "polyrl_fused_log_probs"
 
 
 def supports_fused(model: torch.nn.Module) -> bool:
-    """Whether the logits are a plain ``hidden @ W.T`` (a bias-free linear output embedding and
-    no logit soft-capping or scaling), which :func:`linear_log_prob` reproduces."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    config = getattr(model, "config", None)
+    """Whether the logits are a plain ``hidden @ W.T`` (a bias-free linear output embedding, not
+    adapted by LoRA, and no logit soft-capping or scaling), which :func:`linear_log_prob`
+    reproduces."""
+    lm = causal_lm(model)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    config = getattr(lm, "config", None)
     plain = all(
         getattr(config, key, None) in (None, 1.0)
         for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -37,27 +40,37 @@ def supports_fused(model: torch.nn.Module) -> bool:
     return isinstance(head, torch.nn.Linear) and head.bias is None and plain
 
 
+def causal_lm(model: torch.nn.Module) -> Any:
+    """The Hugging Face causal LM inside ``model``: itself, or the one a peft wrapper (LoRA)
+    holds, whose layers then carry the adapters."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
 def _fused_log_probs(
     self: Any,
     packed: PackedRows,
     temperature: float,
     with_entropy: bool,
+    compiled: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The root module's method: hidden states of the packed row, then fused scores."""
-    base = getattr(self, self.base_model_prefix)
-    hidden = base(**_model_kwargs(packed)).last_hidden_state[0]
-    weight = self.get_output_embeddings().weight
+    lm = causal_lm(self)
+    hidden = getattr(lm, lm.base_model_prefix)(**_model_kwargs(packed)).last_hidden_state[0]
+    weight = lm.get_output_embeddings().weight
     return linear_log_prob(
-        hidden[packed.score_index], weight, packed.labels, temperature, with_entropy
+        hidden[packed.score_index], weight, packed.labels, temperature, with_entropy, compiled
     )
 
 
-def install_fused_forward(model: torch.nn.Module) -> None:
+def install_fused_forward(model: torch.nn.Module, compiled: bool) -> None:
     """Attach the fused scoring method to ``model`` (after ``fully_shard``, when it is an FSDP
-    module, so that FSDP runs its forward hooks around it)."""
+    module, so that FSDP runs its forward hooks around it); ``compiled``: the softmax
+    statistics through ``torch.compile`` on CUDA."""
     from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
-    setattr(model, FUSED_METHOD, types.MethodType(_fused_log_probs, model))
+    method = functools.partial(_fused_log_probs, compiled=compiled)
+    setattr(model, FUSED_METHOD, types.MethodType(method, model))
     if isinstance(model, FSDPModule):
         register_fsdp_forward_method(model, FUSED_METHOD)
 

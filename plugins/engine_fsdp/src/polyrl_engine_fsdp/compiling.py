@@ -1,0 +1,73 @@
+"""``torch.compile`` where the engine uses it: the fused log-prob statistics and each decoder
+layer's forward (regional compilation), both on CUDA only.
+
+Why the layers: profiling an update of the Qwen2-0.5B shape on an H200 (benchmarks/gpu/
+profile_update.py) showed the GPU idle half the time. A decoder layer is ~40 small eager ops
+(plus Liger's Python wrappers), ~4 ms of host time per layer against ~1.8 ms of GPU work on a
+16k-token micro-batch, so the host, not the GPU, set the pace. Compiled, a layer is a few fused
+kernels and library matmuls launched from one generated function, and the backward likewise.
+
+Why per layer and not the whole model: every layer runs the same code, so one compiled graph
+serves them all (dynamo guards on the layer's type and its tensors' properties, not on which
+layer it is), the FSDP2 hooks around each layer stay eager, and the compile takes seconds,
+not minutes. ``dynamic=True`` because every micro-batch packs a different number of tokens.
+
+A compiler failure (no toolchain, an op it cannot trace) is logged once and the eager function
+runs from then on; an out-of-memory error is the batch's, and is raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def compile_or_eager(
+    fn: Callable[..., Any],
+    what: str,
+    backend: str | Callable[..., Any] = "inductor",
+    on: Callable[..., bool] | None = None,
+) -> Callable[..., Any]:
+    """``fn`` through ``torch.compile`` when ``on(*args)`` holds (always without ``on``), eager
+    otherwise or after the compiler failed once. ``what`` names ``fn`` in the warning. The
+    eager ``fn`` stays reachable as ``__wrapped__``."""
+    state: dict[str, Any] = {"compiled": None, "broken": False}
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not state["broken"] and (on is None or on(*args)):
+            try:
+                if state["compiled"] is None:  # lazily: importing dynamo takes seconds
+                    state["compiled"] = torch.compile(fn, dynamic=True, backend=backend)
+                return state["compiled"](*args, **kwargs)
+            except torch.OutOfMemoryError:
+                raise  # a real failure of this batch, not of the compiler
+            except Exception as error:  # noqa: BLE001 - any compiler failure: run eagerly
+                state["broken"] = True
+                log.warning("%s: torch.compile failed (%s); running eagerly", what, error)
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def compiled_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`compile_or_eager` for functions whose first argument is a tensor: compiled when
+    it is on CUDA."""
+    return compile_or_eager(fn, fn.__name__, on=lambda first, *_: first.is_cuda)
+
+
+def compile_decoder_layers(
+    layers: list[torch.nn.Module], backend: str | Callable[..., Any] = "inductor"
+) -> None:
+    """Replace each layer's ``forward`` by a compiled one (an instance attribute: the module,
+    its hooks, its parameter names and its state dict stay as they are). ``backend``: a CPU
+    test passes ``"aot_eager"`` (or a counting backend) to exercise the wiring without Inductor."""
+    for layer in layers:
+        name = f"decoder layer {type(layer).__name__}"
+        layer.forward = compile_or_eager(layer.forward, name, backend=backend)

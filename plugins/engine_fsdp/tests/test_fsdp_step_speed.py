@@ -1,0 +1,176 @@
+"""The step's host-side speed paths change no number: layers kept gathered within a step
+(``fsdp_config.accumulate_unsharded``) and compiled decoder layers (``use_torch_compile``).
+
+Both were added because a profiled H200 update was host-bound (benchmarks/gpu/profile_update.py);
+here each is checked against the plain path on two gloo ranks / one rank on CPU, and for what
+makes it faster: one reduce-scatter per unit and step instead of one per micro-batch, and one
+compiled graph shared by every layer and every micro-batch length.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_fsdp.testing import composed_context, ragged_batch, tiny_model
+
+torch.set_num_threads(1)
+
+
+def _loss(micro: Any, log_prob: torch.Tensor, entropy: Any) -> tuple[torch.Tensor, dict]:
+    mask = micro["response_mask"].to(log_prob.dtype)
+    loss = -(log_prob * micro["advantages"] * mask).sum() / micro.meta["mini_batch_response_tokens"]
+    return loss, {"actor/pg_loss": float(loss.detach())}
+
+
+def _batch(seed: int, rows: int) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, 6, (rows,), generator=gen).tolist()
+    responses = torch.randint(1, 7, (rows,), generator=gen).tolist()
+    batch = ragged_batch(prompts, responses, 5, 6, gen)
+    batch["advantages"] = torch.randn(rows, 6, generator=gen)
+    return batch
+
+
+def _engine(model_dir: str, accumulate_unsharded: bool, rank: int = 0, world: int = 1) -> Any:
+    from polyrl_engine_fsdp.engine import FSDPEngine
+
+    ctx = composed_context(
+        model_dir,
+        model={"dtype": "float32"},
+        actor={
+            "ppo_micro_batch_size_per_gpu": 2,  # 3 micro-batches of this rank's 6 rows
+            "optim": {"lr": 1e-2},
+            "fsdp_config": {"mixed_precision": False, "accumulate_unsharded": accumulate_unsharded},
+        },
+        rank=rank,
+        world_size=world,
+    )
+    return FSDPEngine(ctx)
+
+
+# FSDP2's collectives by kind, under each name some torch release calls them by
+COLLECTIVES = {
+    "gather": ("all_gather_single", "all_gather_into_tensor"),
+    "reduce": ("reduce_scatter_single", "reduce_scatter_tensor"),
+}
+
+
+def _gathered_step(rank: int, world: int, model_dir: str, gathered: bool) -> dict[str, Any]:
+    calls: Counter[str] = Counter()
+    originals = {
+        (kind, name): getattr(dist, name)
+        for kind, names in COLLECTIVES.items()
+        for name in names
+        if hasattr(dist, name)
+    }
+
+    def counting(kind: str, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[kind] += 1
+            return original(*args, **kwargs)
+
+        return call
+
+    engine = _engine(model_dir, gathered, rank, world)
+    assert engine.gathered_steps is gathered
+    batch = _batch(seed=rank, rows=6)
+    for (kind, name), original in originals.items():
+        setattr(dist, name, counting(kind, original))
+    try:
+        log_prob, _ = engine.compute_log_prob(batch)
+        metrics = engine.train_step(batch, _loss)
+    finally:
+        for (_, name), original in originals.items():
+            setattr(dist, name, original)
+    weights = {n: w.detach().clone() for n, w in engine.named_weights()}
+    units = sum(1 for m in engine.model.modules() if type(m).__name__.startswith("FSDP"))
+    return {"lp": log_prob, "m": metrics, "w": weights, "calls": dict(calls), "units": units}
+
+
+@pytest.fixture(scope="module")
+def gathered_runs() -> dict[bool, list[dict[str, Any]]]:
+    model_dir = tiny_model("gathered_")
+    return {
+        flag: run_on_ranks(_gathered_step, 2, model_dir, flag, timeout_s=240)
+        for flag in (False, True)
+    }
+
+
+def test_gathered_step_gives_the_same_step(gathered_runs: dict) -> None:
+    plain, gathered = gathered_runs[False], gathered_runs[True]
+    for rank in range(2):
+        torch.testing.assert_close(gathered[rank]["lp"], plain[rank]["lp"], atol=0, rtol=0)
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert gathered[rank]["m"][key] == pytest.approx(plain[rank]["m"][key], rel=1e-6)
+        for name, weight in gathered[rank]["w"].items():
+            # gradients summed unsharded then reduced, instead of reduced then summed: fp32
+            # rounding apart (AdamW's step of lr 1e-2 magnifies it), the same step
+            torch.testing.assert_close(weight, plain[rank]["w"][name], atol=1e-5, rtol=0)
+
+
+def test_gathered_step_communicates_once_per_unit(gathered_runs: dict) -> None:
+    plain, gathered = gathered_runs[False][0], gathered_runs[True][0]
+    units = plain["units"]  # the decoder layers and the root
+    assert units == 3
+    # default: per micro-batch (3 in training, 3 without grad) every unit gathers in forward
+    # and again in backward (reshard after forward), and reduces in backward
+    assert plain["calls"]["reduce"] == 3 * units
+    # gathered: one reduce per unit after the last micro-batch, one gather per unit and pass
+    assert gathered["calls"]["reduce"] == units
+    assert gathered["calls"]["gather"] == 2 * units
+    assert plain["calls"]["gather"] > 3 * gathered["calls"]["gather"]
+
+
+def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) -> dict[str, Any]:
+    from polyrl_engine_fsdp import fast_paths
+
+    graphs: list[int] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(len(graph.graph.nodes))
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def boxed(gm: torch.fx.GraphModule, _: Any) -> Any:
+            return make_boxed_func(gm.forward)
+
+        return aot_autograd(fw_compiler=boxed, bw_compiler=boxed)(graph, example_inputs)
+
+    if compiled:  # what CUDA gets from Inductor, here through AOTAutograd without codegen
+        fast_paths.layer_compile_backend = lambda device, settings: counting_backend
+    engine = _engine(model_dir, accumulate_unsharded=False)
+    assert engine.paths.compiled is compiled
+    results: dict[str, Any] = {"graphs_after": []}
+    for step, rows in enumerate((6, 5, 4)):  # three steps, micro-batches of other lengths
+        batch = _batch(seed=10 + step, rows=rows)
+        lp, _ = engine.compute_log_prob(batch)
+        metrics = engine.train_step(batch, _loss)
+        results[step] = {"lp": lp, "m": metrics}
+        results["graphs_after"].append(len(graphs))
+    results["w"] = {n: w.detach().clone() for n, w in engine.named_weights()}
+    return results
+
+
+def test_compiled_layers_match_eager_and_compile_once() -> None:
+    model_dir = tiny_model("compiled_")
+    (eager,) = run_on_ranks(_compiled_engine_run, 1, model_dir, False, timeout_s=240)
+    (compiled,) = run_on_ranks(_compiled_engine_run, 1, model_dir, True, timeout_s=240)
+    for step in range(3):
+        torch.testing.assert_close(compiled[step]["lp"], eager[step]["lp"], atol=1e-5, rtol=1e-5)
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert compiled[step]["m"][key] == pytest.approx(eager[step]["m"][key], rel=1e-5)
+    for name, weight in compiled["w"].items():
+        torch.testing.assert_close(weight, eager["w"][name], atol=1e-4, rtol=0)
+    first, second, third = compiled["graphs_after"]
+    # The first step compiles (with and without grad; the CPU attention's per-sequence split
+    # cuts each layer into a few graphs) once for both layers; the second adds the graphs of a
+    # micro-batch holding a single sequence (a size of 1 is specialised); the third, whose
+    # micro-batches pack yet other numbers of tokens, compiles nothing.
+    assert 0 < first <= 24 and second - first <= 4
+    assert third == second
