@@ -182,11 +182,12 @@ def main() -> None:
             rows[name]["whole run s"] = wall
             rows[name]["load avg before/after"] = f"{before:.1f}/{os.getloadavg()[0]:.1f}"
             print(f"{name}: {wall:.0f} s ({' '.join(overrides)})", file=sys.stderr)
-    print(
-        f"recipe={args.recipe}, {args.steps} steps, medians over steps {args.warmup + 1}.., "
-        f"{args.devices} worker(s) per variant"
-    )
-    print(table(rows))
+            # the table so far after every variant: a run cut short keeps what it measured
+            print(
+                f"recipe={args.recipe}, {args.steps} steps, medians over steps "
+                f"{args.warmup + 1}.., {args.devices} worker(s) per variant"
+            )
+            print(table(rows), flush=True)
 
 
 if __name__ == "__main__":

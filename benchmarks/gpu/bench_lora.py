@@ -66,6 +66,7 @@ def _context(args: argparse.Namespace, model_dir: str, mode: str, role: str) -> 
             "log_prob_max_token_len_per_gpu": max(args.max_tokens, 1),
             "optim": {"lr": 1e-5},
             "fsdp_config": {"mixed_precision": True},
+            "use_torch_compile": not args.eager,
         },
         device=args.device,
         role=role,
@@ -155,6 +156,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16384, help="0: rows per micro-batch")
     parser.add_argument("--lora-rank", type=int, default=32, help="alpha is twice the rank")
     parser.add_argument("--grad-ckpt", action="store_true")
+    parser.add_argument(
+        "--eager", action="store_true", help="use_torch_compile=false (no compile time per shape)"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")

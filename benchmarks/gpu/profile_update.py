@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--rows-shown", type=int, default=30)
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    args.lora_rank = 0  # bench_lora's context reads it (full fine-tuning here)
+    args.lora_rank, args.eager = 0, False  # bench_lora's context reads them
     os.makedirs(args.out, exist_ok=True)
     model_dir = os.path.join(tempfile.mkdtemp(prefix="polyrl-profile-"), args.shape)
     build_random_model(

@@ -33,25 +33,30 @@ def _rows(batch: Batch, rank: int, world: int) -> Batch:
     return batch.chunk(world)[rank]
 
 
+def _cuda_ctx(rank: int, world: int, path: str, **overrides: object) -> object:
+    """test_fsdp_engine's context on CUDA, for this machine's world size (1 or 2 GPUs)."""
+    ctx = _ctx(rank, path, device="cuda", **overrides)
+    ctx.world_size = world
+    return ctx
+
+
 def _scenario_cuda(rank: int, world: int, path: str, ckpt_dir: str, export_dir: str) -> dict:
     from polyrl_engine_fsdp.engine import FSDPEngine
 
     batch = _rows(_full_batch(), rank, world)
     out: dict = {}
-    exact = FSDPEngine(_ctx(rank, path, device="cuda"))
-    exact.ctx.world_size = world
+    exact = FSDPEngine(_cuda_ctx(rank, world, path))
     out["lp_fp32"], out["ent_fp32"] = exact.compute_log_prob(batch, calculate_entropy=True)
     del exact
-    ctx = _ctx(
+    ctx = _cuda_ctx(
         rank,
+        world,
         path,
-        device="cuda",
         mixed_precision=True,
         gradient_checkpointing=True,
         use_dynamic_bsz=True,
         ppo_max_token_len_per_gpu=20,
     )
-    ctx.world_size = world
     engine = FSDPEngine(ctx)
     out["lp_bf16"], _ = engine.compute_log_prob(batch)
     out["metrics"] = [engine.train_step(batch, mean_logprob_loss) for _ in range(3)]
