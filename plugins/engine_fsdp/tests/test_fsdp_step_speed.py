@@ -143,7 +143,7 @@ def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) 
         return aot_autograd(fw_compiler=boxed, bw_compiler=boxed)(graph, example_inputs)
 
     if compiled:  # what CUDA gets from Inductor, here through AOTAutograd without codegen
-        fast_paths.layer_compile_backend = lambda device, settings: counting_backend
+        fast_paths.layer_compile_backend = lambda device, settings, lora: counting_backend
     engine = _engine(model_dir, accumulate_unsharded=False)
     assert engine.paths.compiled is compiled
     results: dict[str, Any] = {"graphs_after": []}

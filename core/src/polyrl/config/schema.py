@@ -187,7 +187,8 @@ class ActorConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # FSDP engine, CUDA: each decoder layer's forward (and its backward) through torch.compile,
     # which fuses the element-wise ops Liger's kernels would and cuts the per-op launch cost;
-    # Liger is then not patched in. The fused log-probs compile unless this is false
+    # Liger is then not patched in (a LoRA actor's layers stay eager). The fused log-probs
+    # compile unless this is false
     use_torch_compile: bool = True
 
 

@@ -115,7 +115,7 @@ class FSDPEngine(TrainingEngine):
         # LoRA adapts the policy being trained; a critic or a frozen reference trains no adapters.
         lora = self.settings.lora if self.trainable else None
         self.lora = lora if self.head is ModelHead.CAUSAL_LM else None
-        paths = fast_paths.prepare(model, self.settings, self.device)
+        paths = fast_paths.prepare(model, self.settings, self.device, self.lora is not None)
         wrapped = model if self.lora is None else apply_lora(model, self.lora)
         self.model, self.mesh = shard_model(wrapped, self.settings, self.device)
         self.paths = fast_paths.finish(self.model, paths, self.settings, self.head)

@@ -33,17 +33,24 @@ class FastPaths:
     fused_compiled: bool  # the fused log-probs' statistics compiled on CUDA (use_torch_compile)
 
 
-def layer_compile_backend(device: torch.device, settings: EngineSettings) -> str | None:
+def layer_compile_backend(device: torch.device, settings: EngineSettings, lora: bool) -> str | None:
     """torch.compile's backend for the decoder layers, None to leave them eager: compiled on
     CUDA only (on a CPU the host is no faster than the kernels it launches, and CI has no time
-    for Inductor's C++ builds)."""
-    return "inductor" if settings.torch_compile and device.type == "cuda" else None
+    for Inductor's C++ builds), and not with LoRA: peft's adapted layers under Inductor did not
+    finish compiling within 150 s on the H200 (full fine-tuning's take ~40 s), so a LoRA actor
+    keeps its eager layers (with Liger's kernels) until that is measured to pay off."""
+    if not settings.torch_compile or device.type != "cuda" or lora:
+        return None
+    return "inductor"
 
 
-def prepare(model: torch.nn.Module, settings: EngineSettings, device: torch.device) -> FastPaths:
+def prepare(
+    model: torch.nn.Module, settings: EngineSettings, device: torch.device, lora: bool
+) -> FastPaths:
     """Patch ``model`` (before LoRA and sharding) for the paths the settings ask for and the
-    device allows; the fused scores are decided by :func:`finish`."""
-    backend = layer_compile_backend(device, settings)
+    device allows; ``lora``: the engine will wrap the model with adapters. The fused scores are
+    decided by :func:`finish`."""
+    backend = layer_compile_backend(device, settings, lora)
     if backend is not None:
         compile_decoder_layers(decoder_layers(model), backend)
     # Compiled layers fuse what Liger's kernels would, without their per-call Python cost.
