@@ -93,13 +93,15 @@ def _gathered_step(rank: int, world: int, model_dir: str, gathered: bool) -> dic
     return {"lp": log_prob, "m": metrics, "w": weights, "calls": dict(calls), "units": units}
 
 
+def _gathered_and_plain(rank: int, world: int, model_dir: str) -> dict[bool, dict[str, Any]]:
+    return {flag: _gathered_step(rank, world, model_dir, flag) for flag in (False, True)}
+
+
 @pytest.fixture(scope="module")
 def gathered_runs() -> dict[bool, list[dict[str, Any]]]:
-    model_dir = tiny_model("gathered_")
-    return {
-        flag: run_on_ranks(_gathered_step, 2, model_dir, flag, timeout_s=240)
-        for flag in (False, True)
-    }
+    """Per flag, each rank's results (both engines in the same two rank processes)."""
+    ranks = run_on_ranks(_gathered_and_plain, 2, tiny_model("gathered_"), timeout_s=240)
+    return {flag: [result[flag] for result in ranks] for flag in (False, True)}
 
 
 def test_gathered_step_gives_the_same_step(gathered_runs: dict) -> None:
@@ -134,15 +136,9 @@ def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) 
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         graphs.append(len(graph.graph.nodes))
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
+        return graph.forward  # dynamo's capture and guards, the captured ops run as they are
 
-        def boxed(gm: torch.fx.GraphModule, _: Any) -> Any:
-            return make_boxed_func(gm.forward)
-
-        return aot_autograd(fw_compiler=boxed, bw_compiler=boxed)(graph, example_inputs)
-
-    if compiled:  # what CUDA gets from Inductor, here through AOTAutograd without codegen
+    if compiled:  # CUDA gets Inductor (tested on CUDA); here dynamo's graphs without codegen
         fast_paths.layer_compile_backend = lambda device, settings, lora: counting_backend
     engine = _engine(model_dir, accumulate_unsharded=False)
     assert engine.paths.compiled is compiled
@@ -157,10 +153,13 @@ def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) 
     return results
 
 
+def _eager_then_compiled(rank: int, world: int, model_dir: str) -> list[dict[str, Any]]:
+    return [_compiled_engine_run(rank, world, model_dir, flag) for flag in (False, True)]
+
+
 def test_compiled_layers_match_eager_and_compile_once() -> None:
     model_dir = tiny_model("compiled_")
-    (eager,) = run_on_ranks(_compiled_engine_run, 1, model_dir, False, timeout_s=240)
-    (compiled,) = run_on_ranks(_compiled_engine_run, 1, model_dir, True, timeout_s=240)
+    ((eager, compiled),) = run_on_ranks(_eager_then_compiled, 1, model_dir, timeout_s=240)
     for step in range(3):
         torch.testing.assert_close(compiled[step]["lp"], eager[step]["lp"], atol=1e-5, rtol=1e-5)
         for key in ("actor/pg_loss", "actor/grad_norm"):
