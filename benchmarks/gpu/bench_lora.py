@@ -47,7 +47,7 @@ MODES = ("full", "lora")
 DEFAULT_SHAPES = ("qwen2-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b")
 
 
-def _context(args: argparse.Namespace, model_dir: str, mode: str, role: str) -> Any:
+def engine_context(args: argparse.Namespace, model_dir: str, mode: str, role: str) -> Any:
     from polyrl_engine_fsdp.testing import composed_context
 
     lora = {"lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank} if mode == "lora" else {}
@@ -82,9 +82,9 @@ def _measure(rank: int, world: int, args: argparse.Namespace, model_dir: str, mo
     """One mode on one shape (runs in its own process: an OOM ends only that process)."""
     from polyrl_engine_fsdp.engine import FSDPEngine
 
-    engine = FSDPEngine(_context(args, model_dir, mode, "actor"))
+    engine = FSDPEngine(engine_context(args, model_dir, mode, "actor"))
     policy_gib = _gib()
-    ref = engine if mode == "lora" else FSDPEngine(_context(args, model_dir, mode, "ref"))
+    ref = engine if mode == "lora" else FSDPEngine(engine_context(args, model_dir, mode, "ref"))
     built_gib = _gib()
     vocab = engine.hf_config.vocab_size
     batches = [

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: ben
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/gpu/: bench_lora
 
 from bench_fsdp_step import make_batch, token_mean_nll
-from bench_lora import _context
+from bench_lora import engine_context
 
 from polyrl.models.shapes import SHAPES, build_random_model
 
@@ -139,7 +139,7 @@ def _profile(rank: int, world: int, args: argparse.Namespace, model_dir: str) ->
 
     from polyrl_engine_fsdp.engine import FSDPEngine
 
-    engine = FSDPEngine(_context(args, model_dir, "full", "actor"))
+    engine = FSDPEngine(engine_context(args, model_dir, "full", "actor"))
     _mark_phases(engine)
     vocab = engine.hf_config.vocab_size
     batch = make_batch(args.rows, args.prompt_len, args.response_len, vocab, seed=0)

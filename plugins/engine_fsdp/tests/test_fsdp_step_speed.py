@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from polyrl.errors import ConfigError
+from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.launch import run_on_ranks
 from polyrl_engine_fsdp.testing import composed_context, ragged_batch, tiny_model
 
@@ -173,3 +175,20 @@ def test_compiled_layers_match_eager_and_compile_once() -> None:
     # micro-batches pack yet other numbers of tokens, compiles nothing.
     assert 0 < first <= 24 and second - first <= 4
     assert third == second
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "message"),
+    [
+        ({"accumulate_unsharded": "yes"}, "accumulate_unsharded='yes' is not one of auto, true"),
+        (
+            {"accumulate_unsharded": True, "param_offload": True, "optimizer_offload": True},
+            "accumulate_unsharded=true keeps full weights and gradients on the GPU",
+        ),
+    ],
+)
+def test_accumulate_unsharded_values_are_checked(fsdp: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_settings({}, {"fsdp_config": fsdp}, total_training_steps=1)
+    auto = resolve_settings({}, {"fsdp_config": {**fsdp, "accumulate_unsharded": "auto"}}, 1)
+    assert auto.accumulate_unsharded is None

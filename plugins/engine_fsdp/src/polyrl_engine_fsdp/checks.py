@@ -120,9 +120,17 @@ def offload_problem(fsdp: Any, prefix: str) -> str | None:
 
 def switch_problem(fsdp: Any, prefix: str) -> str | None:
     value = fsdp.accumulate_unsharded
-    if isinstance(value, bool | str) and value in AUTO_SWITCH:
-        return None
-    return f"{prefix}.fsdp_config.accumulate_unsharded={value!r} is not one of auto, true, false"
+    if not (isinstance(value, bool | str) and value in AUTO_SWITCH):
+        key = f"{prefix}.fsdp_config.accumulate_unsharded"
+        return f"{key}={value!r} is not one of auto, true, false"
+    offload = bool(fsdp.param_offload) or bool(fsdp.optimizer_offload)
+    if AUTO_SWITCH[value] and offload:
+        return (
+            f"{prefix}.fsdp_config.accumulate_unsharded=true keeps full weights and gradients "
+            f"on the GPU, which CPU offload (param_offload / optimizer_offload) is there to "
+            f"avoid; set it to auto or false"
+        )
+    return None
 
 
 def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) -> list[str]:

@@ -67,7 +67,7 @@ def compile_decoder_layers(
 ) -> None:
     """Replace each layer's ``forward`` by a compiled one (an instance attribute: the module,
     its hooks, its parameter names and its state dict stay as they are). ``backend``: a CPU
-    test passes ``"aot_eager"`` (or a counting backend) to exercise the wiring without Inductor."""
+    test passes a counting backend to exercise the wiring without Inductor."""
     for layer in layers:
         name = f"decoder layer {type(layer).__name__}"
         layer.forward = compile_or_eager(layer.forward, name, backend=backend)
