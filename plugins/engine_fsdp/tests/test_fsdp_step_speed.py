@@ -39,12 +39,23 @@ def _batch(seed: int, rows: int) -> Any:
     return batch
 
 
-def _engine(model_dir: str, accumulate_unsharded: bool, rank: int = 0, world: int = 1) -> Any:
+def _engine(
+    model_dir: str,
+    accumulate_unsharded: bool,
+    rank: int = 0,
+    world: int = 1,
+    checkpointed: bool = False,
+    packed: bool = True,
+) -> Any:
     from polyrl_engine_fsdp.engine import FSDPEngine
 
     ctx = composed_context(
         model_dir,
-        model={"dtype": "float32"},
+        model={
+            "dtype": "float32",
+            "enable_gradient_checkpointing": checkpointed,
+            "use_remove_padding": packed,
+        },
         actor={
             "ppo_micro_batch_size_per_gpu": 2,  # 3 micro-batches of this rank's 6 rows
             "optim": {"lr": 1e-2},
@@ -131,20 +142,39 @@ def test_gathered_step_communicates_once_per_unit(gathered_runs: dict) -> None:
     assert plain["calls"]["gather"] > 3 * gathered["calls"]["gather"]
 
 
-def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) -> dict[str, Any]:
+def _compiled_engine_run(
+    model_dir: str, compiled: bool, checkpointed: bool = False, packed: bool = True
+) -> dict[str, Any]:
+    """Three steps of an engine whose decoder layers are compiled (or not). Checkpointed: the
+    padded attention (the CPU's packed one splits sequences on the host, a graph break, and a
+    checkpointed layer must trace whole) and AOTAutograd, whose saved activations differ from
+    the eager forward's: what broke the backward on CUDA when the checkpoint wrapped the
+    compiled layer."""
+    from torch._dynamo.backends.debugging import aot_eager
+
     from polyrl_engine_fsdp import fast_paths
 
     graphs: list[int] = []
+    checkpoints: list[str] = []
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
         graphs.append(len(graph.graph.nodes))
+        checkpoints.extend(
+            str(n.target) for n in graph.graph.nodes if "checkpoint" in str(n.target)
+        )
+        if checkpointed:
+            return aot_eager(graph, example_inputs)
         return graph.forward  # dynamo's capture and guards, the captured ops run as they are
 
+    eager_layers = fast_paths.layer_compile_backend
     if compiled:  # CUDA gets Inductor (tested on CUDA); here dynamo's graphs without codegen
         fast_paths.layer_compile_backend = lambda device, settings, lora: counting_backend
-    engine = _engine(model_dir, accumulate_unsharded=False)
+    try:
+        engine = _engine(model_dir, False, checkpointed=checkpointed, packed=packed)
+    finally:
+        fast_paths.layer_compile_backend = eager_layers
     assert engine.paths.compiled is compiled
-    results: dict[str, Any] = {"graphs_after": []}
+    results: dict[str, Any] = {"graphs_after": [], "checkpoints": checkpoints}
     for step, rows in enumerate((6, 5, 4)):  # three steps, micro-batches of other lengths
         batch = _batch(seed=10 + step, rows=rows)
         lp, _ = engine.compute_log_prob(batch)
@@ -155,19 +185,35 @@ def _compiled_engine_run(rank: int, world: int, model_dir: str, compiled: bool) 
     return results
 
 
-def _eager_then_compiled(rank: int, world: int, model_dir: str) -> list[dict[str, Any]]:
-    return [_compiled_engine_run(rank, world, model_dir, flag) for flag in (False, True)]
+def _eager_compiled_checkpointed(rank: int, world: int, model_dir: str) -> list[dict[str, Any]]:
+    return [
+        _compiled_engine_run(model_dir, compiled=False),
+        _compiled_engine_run(model_dir, compiled=True),
+        _compiled_engine_run(model_dir, compiled=False, packed=False),
+        _compiled_engine_run(model_dir, compiled=True, checkpointed=True, packed=False),
+    ]
 
 
-def test_compiled_layers_match_eager_and_compile_once() -> None:
+@pytest.fixture(scope="module")
+def compiled_runs() -> list[dict[str, Any]]:
     model_dir = tiny_model("compiled_")
-    ((eager, compiled),) = run_on_ranks(_eager_then_compiled, 1, model_dir, timeout_s=240)
+    ((runs),) = run_on_ranks(_eager_compiled_checkpointed, 1, model_dir, timeout_s=240)
+    return runs
+
+
+def _assert_same_steps(run: dict[str, Any], eager: dict[str, Any]) -> None:
     for step in range(3):
-        torch.testing.assert_close(compiled[step]["lp"], eager[step]["lp"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(run[step]["lp"], eager[step]["lp"], atol=1e-5, rtol=1e-5)
         for key in ("actor/pg_loss", "actor/grad_norm"):
-            assert compiled[step]["m"][key] == pytest.approx(eager[step]["m"][key], rel=1e-5)
-    for name, weight in compiled["w"].items():
+            assert run[step]["m"][key] == pytest.approx(eager[step]["m"][key], rel=1e-5)
+    for name, weight in run["w"].items():
         torch.testing.assert_close(weight, eager["w"][name], atol=1e-4, rtol=0)
+
+
+def test_compiled_layers_match_eager_and_compile_once(compiled_runs: list) -> None:
+    eager, compiled, _, _ = compiled_runs
+    _assert_same_steps(compiled, eager)
+    assert compiled["checkpoints"] == []
     first, second, third = compiled["graphs_after"]
     # The first step compiles (with and without grad; the CPU attention's per-sequence split
     # cuts each layer into a few graphs) once for both layers; the second adds the graphs of a
@@ -175,6 +221,16 @@ def test_compiled_layers_match_eager_and_compile_once() -> None:
     # micro-batches pack yet other numbers of tokens, compiles nothing.
     assert 0 < first <= 24 and second - first <= 4
     assert third == second
+
+
+def test_compiled_layers_recompute_inside_their_graph(compiled_runs: list) -> None:
+    """Gradient checkpointing with compiled layers: the checkpoint is traced into each layer's
+    graph (Hugging Face's, around the compiled call, broke the backward on CUDA), and the
+    steps are the eager steps'."""
+    _, _, eager, checkpointed = compiled_runs
+    _assert_same_steps(checkpointed, eager)
+    assert checkpointed["graphs_after"][0] > 0, "the checkpointed layers fell back to eager"
+    assert checkpointed["checkpoints"], "no activation checkpoint in the compiled layer graphs"
 
 
 @pytest.mark.parametrize(

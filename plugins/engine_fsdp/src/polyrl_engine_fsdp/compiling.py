@@ -12,6 +12,13 @@ serves them all (dynamo guards on the layer's type and its tensors' properties, 
 layer it is), the FSDP2 hooks around each layer stay eager, and the compile takes seconds,
 not minutes. ``dynamic=True`` because every micro-batch packs a different number of tokens.
 
+With gradient checkpointing the recomputation goes inside the compiled graph
+(``torch.utils.checkpoint`` traced by dynamo), not around it as Hugging Face's layers put it:
+their checkpoint re-runs the layer with dynamo disabled, so the recomputed forward is not the
+compiled one that saved the activations, and the backward failed on an H200 ("early_stop is
+set"). Such a layer must trace into one graph (``fullgraph``); where it cannot, it runs eagerly,
+checkpointed the same way.
+
 A compiler failure (no toolchain, an op it cannot trace) is logged once and the eager function
 runs from then on; an out-of-memory error is the batch's, and is raised.
 """
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +41,12 @@ def compile_or_eager(
     what: str,
     backend: str | Callable[..., Any] = "inductor",
     on: Callable[..., bool] | None = None,
+    fullgraph: bool = False,
 ) -> Callable[..., Any]:
     """``fn`` through ``torch.compile`` when ``on(*args)`` holds (always without ``on``), eager
-    otherwise or after the compiler failed once. ``what`` names ``fn`` in the warning. The
-    eager ``fn`` stays reachable as ``__wrapped__``."""
+    otherwise or after the compiler failed once (with ``fullgraph``, a graph break counts as a
+    failure). ``what`` names ``fn`` in the warning. The eager ``fn`` stays reachable as
+    ``__wrapped__``."""
     state: dict[str, Any] = {"compiled": None, "broken": False}
 
     @functools.wraps(fn)
@@ -44,7 +54,9 @@ def compile_or_eager(
         if not state["broken"] and (on is None or on(*args)):
             try:
                 if state["compiled"] is None:  # lazily: importing dynamo takes seconds
-                    state["compiled"] = torch.compile(fn, dynamic=True, backend=backend)
+                    state["compiled"] = torch.compile(
+                        fn, dynamic=True, backend=backend, fullgraph=fullgraph
+                    )
                 return state["compiled"](*args, **kwargs)
             except torch.OutOfMemoryError:
                 raise  # a real failure of this batch, not of the compiler
@@ -62,12 +74,33 @@ def compiled_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
     return compile_or_eager(fn, fn.__name__, on=lambda first, *_: first.is_cuda)
 
 
+def recomputed_in_backward(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` under non-reentrant activation checkpointing whenever autograd records it
+    (a no-grad forward keeps nothing, so it runs as it is)."""
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
 def compile_decoder_layers(
-    layers: list[torch.nn.Module], backend: str | Callable[..., Any] = "inductor"
+    model: torch.nn.Module,
+    layers: list[torch.nn.Module],
+    backend: str | Callable[..., Any] = "inductor",
 ) -> None:
     """Replace each layer's ``forward`` by a compiled one (an instance attribute: the module,
-    its hooks, its parameter names and its state dict stay as they are). ``backend``: a CPU
+    its hooks, its parameter names and its state dict stay as they are). When ``model`` has
+    Hugging Face's gradient checkpointing on, it is turned off and each compiled layer
+    recomputes its own activations instead (see the module's docstring). ``backend``: a CPU
     test passes a counting backend to exercise the wiring without Inductor."""
+    checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
+    if checkpointed:
+        model.gradient_checkpointing_disable()
     for layer in layers:
         name = f"decoder layer {type(layer).__name__}"
-        layer.forward = compile_or_eager(layer.forward, name, backend=backend)
+        forward = recomputed_in_backward(layer.forward) if checkpointed else layer.forward
+        layer.forward = compile_or_eager(forward, name, backend=backend, fullgraph=checkpointed)

@@ -52,7 +52,7 @@ def prepare(
     decided by :func:`finish`."""
     backend = layer_compile_backend(device, settings, lora)
     if backend is not None:
-        compile_decoder_layers(decoder_layers(model), backend)
+        compile_decoder_layers(model, decoder_layers(model), backend)
     # Compiled layers fuse what Liger's kernels would, without their per-call Python cost.
     liger = settings.use_liger and backend is None and apply_liger(model, device)
     if settings.remove_padding:
