@@ -68,6 +68,7 @@ def _context(
     device: str = "cpu",
     dtype: str = "float32",
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
     world: int = WORLD,
 ):
     """The same run config for every engine; only the strategy (and its own section) differs."""
@@ -83,7 +84,10 @@ def _context(
             "lr_warmup_steps": 2,
         },
         "fsdp_config": {"mixed_precision": dtype != "float32"},
-        "megatron": {"tensor_model_parallel_size": tensor_parallel},
+        "megatron": {
+            "tensor_model_parallel_size": tensor_parallel,
+            "pipeline_model_parallel_size": pipeline_parallel,
+        },
     }
     return composed_context(
         path,
@@ -208,14 +212,14 @@ def _scenario_cuda(rank: int, world: int, path: str) -> dict:
     return out
 
 
-def _scenario_tp2(rank: int, world: int, path: str) -> dict:
-    """Two GPUs holding one copy of the model (TP=2, one data-parallel rank): both ranks get the
-    whole batch, as the driver gives it to TP peers."""
+def _scenario_split(rank: int, world: int, path: str, split: str) -> dict:
+    """Two GPUs holding one copy of the model (TP=2, or PP=2: one decoder layer per stage, the
+    tied embedding on both; one data-parallel rank): both ranks get the whole batch, as the
+    driver gives it to model-parallel peers."""
     from polyrl_engine_megatron.engine import MegatronEngine
 
-    ctx = _context(
-        rank, path, "megatron", device="cuda", dtype="bfloat16", tensor_parallel=2, world=world
-    )
+    sizes = {"tensor_parallel": 2} if split == "tp2" else {"pipeline_parallel": 2}
+    ctx = _context(rank, path, "megatron", device="cuda", dtype="bfloat16", world=world, **sizes)
     engine = MegatronEngine(ctx)
     out = _run(engine, _batch())
     out["mesh"] = engine.data_parallel_rank()
@@ -260,10 +264,22 @@ def test_cuda_bf16_engines_match_fsdp2(cuda_results: dict, engine: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-def test_cuda_megatron_tp2_matches_fsdp2(cuda_results: dict, tmp_path) -> None:
+@pytest.mark.parametrize("split", ["tp2", "pp2"])
+def test_cuda_megatron_split_matches_fsdp2(cuda_results: dict, tmp_path, split: str) -> None:
+    """The output comes from the first TP rank (TP=2) or the last stage (PP=2), whose loss
+    metrics are the step's; every rank streams the whole model and reports the global grad
+    norm."""
     path = _model(str(tmp_path / "tiny"))
-    results = run_on_ranks(_scenario_tp2, 2, path, backend="nccl", timeout_s=600)
-    assert [r["mesh"].returns_output for r in results] == [True, False]
+    results = run_on_ranks(_scenario_split, 2, path, split, backend="nccl", timeout_s=600)
+    returning = [r["mesh"].returns_output for r in results]
+    assert returning == ([True, False] if split == "tp2" else [False, True])
     assert {(r["mesh"].dp_rank, r["mesh"].dp_size) for r in results} == {(0, 1)}
+    reference = cuda_results["fsdp2"]
+    _assert_bf16_close(results[returning.index(True)], reference)
     for rank in results:
-        _assert_bf16_close(rank, cuda_results["fsdp2"])
+        assert rank["metrics"]["actor/grad_norm"] == pytest.approx(
+            reference["metrics"]["actor/grad_norm"], rel=0.03
+        )
+        assert rank["weights"].keys() == reference["weights"].keys()
+        for name, tensor in results[0]["weights"].items():
+            assert torch.equal(rank["weights"][name], tensor), name

@@ -3,10 +3,13 @@
 # after `. .device/setup.sh` (the bundle carries deepspeed 0.19.8 and megatron-core 0.19.2):
 #   bash benchmarks/gpu/engines/run_engines_h200.sh
 # 1. cross-engine equivalence in bf16: fsdp2, deepspeed ZeRO-1/2/3 and megatron on 1 GPU, and
-#    megatron with TP=2 on 2 GPUs (tests/test_engine_equivalence.py, the `gpu` tests);
-# 2. the Megatron engine's own GPU tests (conformance suite, TP weight streaming, resume, export);
-# 3. a short GRPO run of `polyrl train recipe=tiny` with strategy=megatron (TP over all GPUs).
+#    megatron with TP=2 and with PP=2 on 2 GPUs (tests/test_engine_equivalence.py, `gpu` tests);
+# 2. the Megatron engine's own GPU tests (conformance suite; TP and PP over all GPUs: weight
+#    streaming, log-probs, resume, export);
+# 3. short GRPO runs of `polyrl train recipe=tiny` with strategy=megatron: TP over all GPUs, then
+#    (2 GPUs or more) pipeline stages over all GPUs.
 # Each part writes its log to $OUT (or /tmp/polyrl-engines); a failing part does not stop the next.
+# PARTS picks parts by name (default: all of equivalence megatron grpo_megatron grpo_megatron_pp).
 set -uo pipefail
 out=${OUT:-/tmp/polyrl-engines}
 mkdir -p "$out"
@@ -15,9 +18,12 @@ gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 python3 -c "import torch, deepspeed, megatron.core as m; print('torch', torch.__version__, \
 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__)" 2>&1 | tee "$out/versions.log"
 
-part() {  # part NAME SECONDS COMMAND...: run, keep the log, show its end
+parts=" ${PARTS:-equivalence megatron grpo_megatron grpo_megatron_pp} "
+
+part() {  # part NAME SECONDS COMMAND...: run (when PARTS names it), keep the log, show its end
     local name=$1 seconds=$2
     shift 2
+    [[ $parts == *" $name "* ]] || return 0
     local start=$SECONDS
     timeout "$seconds" "$@" >"$out/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$out/summary.log"
@@ -26,7 +32,7 @@ part() {  # part NAME SECONDS COMMAND...: run, keep the log, show its end
 
 part equivalence 170 python3 -m pytest -m gpu -rA -q -p no:cacheprovider \
     tests/test_engine_equivalence.py
-part megatron 130 python3 -m pytest -rA -q -p no:cacheprovider \
+part megatron "${MEGATRON_S:-200}" python3 -m pytest -rA -q -p no:cacheprovider \
     plugins/engine_megatron/tests/test_megatron_conformance.py \
     plugins/engine_megatron/tests/test_megatron_cuda.py
 part grpo_megatron 120 python3 -m polyrl train recipe=tiny \
@@ -36,4 +42,13 @@ part grpo_megatron 120 python3 -m polyrl train recipe=tiny \
     trainer.total_training_steps=16 trainer.test_freq=8 trainer.save_freq=8 \
     trainer.default_local_dir=/tmp/polyrl-grpo-megatron
 cp /tmp/polyrl-grpo-megatron/metrics.jsonl "$out/grpo_megatron_metrics.jsonl" 2>/dev/null
+if [ "$gpus" -ge 2 ]; then
+    part grpo_megatron_pp 120 python3 -m polyrl train recipe=tiny \
+        actor_rollout_ref.actor.strategy=megatron \
+        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$gpus" \
+        trainer.device=cuda trainer.n_gpus_per_node="$gpus" \
+        trainer.total_training_steps=16 trainer.test_freq=8 trainer.save_freq=8 \
+        trainer.default_local_dir=/tmp/polyrl-grpo-megatron-pp
+    cp /tmp/polyrl-grpo-megatron-pp/metrics.jsonl "$out/grpo_megatron_pp_metrics.jsonl" 2>/dev/null
+fi
 true

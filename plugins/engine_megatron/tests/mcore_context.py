@@ -1,6 +1,6 @@
 """Engine contexts for the Megatron engine's tests, built as a run builds them: a whole config
 composed from the schema (:func:`polyrl_engine_fsdp.testing.composed_context`) with
-``strategy=megatron`` and the tensor-parallel size, on CUDA."""
+``strategy=megatron`` and the tensor- and pipeline-parallel sizes, on CUDA."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def megatron_context(
     *,
     engine: dict[str, Any],
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
     dtype: str = "bfloat16",
     rank: int = 0,
     world_size: int = 1,
@@ -23,7 +24,10 @@ def megatron_context(
 ) -> EngineContext:
     actor = {
         "strategy": "megatron",
-        "megatron": {"tensor_model_parallel_size": tensor_parallel},
+        "megatron": {
+            "tensor_model_parallel_size": tensor_parallel,
+            "pipeline_model_parallel_size": pipeline_parallel,
+        },
         **engine,
     }
     return composed_context(

@@ -41,7 +41,8 @@ def test_parallel_sizes_against_the_pools():
     (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=3"))
     assert line == (
         f"{TP}=3 does not divide the 4 workers of the actor (world size 4 = trainer.nnodes 1 x "
-        f"trainer.n_gpus_per_node 4); the data-parallel size is workers / tensor-parallel size"
+        f"trainer.n_gpus_per_node 4); the data-parallel size is workers / (tensor x pipeline "
+        f"parallel size)"
     )
     # a reference on its own pool of 3 workers cannot hold TP=2 either
     (line,) = check_config(
@@ -55,8 +56,12 @@ def test_parallel_sizes_against_the_pools():
     assert line.startswith(f"{TP}=2 does not divide the 3 workers of the ref")
     (line,) = check_config(_cfg(f"{TP}=0"))
     assert line == f"{TP} must be a positive integer, got 0"
-    (line,) = check_config(_cfg(f"{PP}=2"))
-    assert line.startswith(f"{PP}=2: pipeline parallelism is not implemented")
+    # pipeline stages count against the workers too: 2 x 2 fits 4 workers, 2 x 3 does not
+    assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2", f"{PP}=2")) == []
+    (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2", f"{PP}=3"))
+    assert line.startswith(f"{TP}=2 x pipeline_model_parallel_size=3 does not divide the 4 workers")
+    (line,) = check_config(_cfg(f"{PP}=0"))
+    assert line == f"{PP} must be a positive integer, got 0"
 
 
 def test_dtype_and_fsdp_keys():

@@ -10,7 +10,15 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from polyrl.errors import ConfigError
-from polyrl_engine_megatron.convert import GPTShape, hf_to_megatron, megatron_to_hf, split_dim
+from polyrl_engine_megatron.convert import (
+    GPTShape,
+    hf_to_megatron,
+    is_tied_copy,
+    megatron_to_hf,
+    pipeline_stages,
+    split_dim,
+    stage_shards,
+)
 
 QWEN2 = Qwen2Config(
     vocab_size=450,  # not a multiple of 4: padded for TP=4
@@ -61,6 +69,61 @@ def test_round_trip_is_exact(config, tp: int) -> None:
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
+
+
+LLAMA_4_LAYERS = LlamaConfig(**{**LLAMA.to_dict(), "num_hidden_layers": 4})
+
+
+@pytest.mark.parametrize(
+    ("config", "pp"),
+    [(QWEN2, 2), (LLAMA, 2), (LLAMA_4_LAYERS, 2), (LLAMA_4_LAYERS, 4)],
+    ids=["qwen2-tied-pp2", "llama-pp2", "llama4-pp2", "llama4-pp4"],
+)
+def test_pipeline_stages_partition_the_model_and_stream_back_exactly(config, pp: int) -> None:
+    """Every weight on exactly one stage under its local name (the tied output layer's copy on
+    the last stage aside), and the stages' weights, named globally again, convert back to the
+    HF checkpoint exactly."""
+    hf = _hf_state(config)
+    shape = GPTShape.from_hf_config(config, 2)
+    whole = hf_to_megatron(hf, shape)
+    stages = pipeline_stages(shape.num_layers, pp)
+    per_stage = shape.num_layers // pp
+    assert [(s.first_layer, s.num_layers) for s in stages] == [
+        (i * per_stage, per_stage) for i in range(pp)
+    ]
+    back: dict[str, torch.Tensor] = {}
+    owners: dict[str, int] = {}
+    for index, stage in enumerate(stages):
+        local = stage_shards(whole, shape, stage)
+        layers = {n.split(".")[2] for n in local if n.startswith("decoder.layers.")}
+        assert layers == {str(i) for i in range(per_stage)}  # local indices from 0
+        assert ("embedding.word_embeddings.weight" in local) == (index == 0)
+        assert ("decoder.final_layernorm.weight" in local) == (index == pp - 1)
+        for name, parts in local.items():
+            if is_tied_copy(name, shape, stage):
+                assert index == pp - 1 and name == "output_layer.weight"
+                assert all(torch.equal(a, b) for a, b in zip(parts, whole[EMBEDDING]))
+                continue
+            global_name = stage.global_name(name)
+            assert global_name not in owners, global_name
+            owners[global_name] = index
+            assert stage.local_name(global_name) == name
+            assert all(torch.equal(a, b) for a, b in zip(parts, whole[global_name]))
+            back.update(megatron_to_hf(global_name, parts, shape))
+    assert owners.keys() == whole.keys()
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_pipeline_stages_must_divide_the_layers() -> None:
+    with pytest.raises(
+        ConfigError, match="pipeline_model_parallel_size=3 does not divide the model's 4 decoder"
+    ):
+        pipeline_stages(4, 3)
+
+
+EMBEDDING = "embedding.word_embeddings.weight"
 
 
 def test_shards_split_whole_groups_and_pad_the_vocabulary() -> None:
@@ -125,7 +188,9 @@ def test_shards_fit_a_real_gpt_model(one_rank_model_parallel, config) -> None:
     from polyrl_engine_megatron.model import transformer_config_kwargs
 
     shape = GPTShape.from_hf_config(config, 1)
-    kwargs = transformer_config_kwargs(shape, config, gradient_checkpointing=False)
+    kwargs = transformer_config_kwargs(
+        shape, config, pipeline_parallel=1, gradient_checkpointing=False
+    )
     # initialised here so that megatron-core records each weight's partition_dim
     kwargs.update(perform_initialization=True, use_cpu_initialization=True)
     model = GPTModel(

@@ -11,7 +11,7 @@ own (passed in), so that the metrics mean the same whichever engine produced the
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -66,6 +66,24 @@ class EntropyMean:
             result[key] = float(self.sum) / tokens
 
 
+def policy_loss(
+    loss_fn: MicroBatchLossFn, mode: EntropyMode, entropy: EntropyMean
+) -> Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]:
+    """``loss_fn`` on a micro-batch's scores; the entropy reaches ``loss_fn`` only with a
+    gradient (``EntropyMode.GRAD``), and is recorded in ``entropy`` either way. For engines
+    whose scores come out of a schedule (Megatron's pipeline) rather than a forward call."""
+
+    def scored_loss(
+        micro: Batch, log_prob: torch.Tensor, ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        passed = ent if mode == EntropyMode.GRAD else None
+        loss, metrics = loss_fn(micro, log_prob, passed)
+        entropy.add(micro, ent)
+        return loss, metrics
+
+    return scored_loss
+
+
 def policy_micro_loss(
     forward: PolicyForward,
     loss_fn: MicroBatchLossFn,
@@ -73,17 +91,41 @@ def policy_micro_loss(
     mode: EntropyMode,
     entropy: EntropyMean,
 ) -> MicroLoss:
-    """``loss_fn`` on the scores of ``forward``; the entropy reaches ``loss_fn`` only with a
-    gradient (``EntropyMode.GRAD``), and is recorded in ``entropy`` either way."""
+    """:func:`policy_loss` on the scores of ``forward``."""
+    scored_loss = policy_loss(loss_fn, mode, entropy)
 
     def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         log_prob, ent = forward(micro, temperature, mode)
-        passed = ent if mode == EntropyMode.GRAD else None
-        loss, metrics = loss_fn(micro, log_prob, passed)
-        entropy.add(micro, ent)
-        return loss, metrics
+        return scored_loss(micro, log_prob, ent)
 
     return micro_loss
+
+
+def micro_batches_on(
+    mini_batch: Batch, groups: list[list[int]], device: torch.device
+) -> Iterator[Batch]:
+    """The micro-batches (rows ``groups`` of ``mini_batch``) on ``device``, one at a time, each
+    with the mini-batch's ``meta``."""
+    meta = {
+        "mini_batch_rows": len(mini_batch),
+        "mini_batch_response_tokens": float(response_mask(mini_batch).sum()),
+        "num_micro_batches": len(groups),
+    }
+    for group in groups:
+        micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(device)
+        micro.meta.update(meta)
+        yield micro
+
+
+def mean_metrics(records: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the micro-batches that reported it."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for metrics in records:
+        for key, value in metrics.items():
+            sums[key] += float(value)
+            counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}
 
 
 def accumulate(
@@ -95,22 +137,12 @@ def accumulate(
 ) -> dict[str, float]:
     """Run ``backward`` on the loss of each micro-batch (rows ``groups`` of ``mini_batch``);
     return the loss metrics averaged over the micro-batches that reported them."""
-    meta = {
-        "mini_batch_rows": len(mini_batch),
-        "mini_batch_response_tokens": float(response_mask(mini_batch).sum()),
-        "num_micro_batches": len(groups),
-    }
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for group in groups:
-        micro = mini_batch.select_rows(torch.tensor(group, dtype=torch.long)).to(device)
-        micro.meta.update(meta)
+    records = []
+    for micro in micro_batches_on(mini_batch, groups, device):
         loss, metrics = micro_loss(micro)
         backward(loss)
-        for key, value in metrics.items():
-            sums[key] += float(value)
-            counts[key] += 1
-    return {key: sums[key] / counts[key] for key in sums}
+        records.append(metrics)
+    return mean_metrics(records)
 
 
 def report_step(

@@ -21,18 +21,11 @@ DTYPES_SUPPORTED = ("bfloat16", "float32")
 
 def parallel_problems(megatron: Any) -> list[str]:
     """The tensor/pipeline-parallel sizes themselves (the engine raises these too)."""
-    problems = [
+    return [
         f"{MEGATRON}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
         if not positive_int(getattr(megatron, key))
     ]
-    if not problems and int(megatron.pipeline_model_parallel_size) != 1:
-        problems.append(
-            f"{MEGATRON}.pipeline_model_parallel_size={megatron.pipeline_model_parallel_size}: "
-            f"pipeline parallelism is not implemented in polyrl-engine-megatron yet; set it to 1 "
-            f"and split the model with {MEGATRON}.tensor_model_parallel_size"
-        )
-    return problems
 
 
 def dtype_problem(model: Any) -> str | None:
@@ -45,8 +38,9 @@ def dtype_problem(model: Any) -> str | None:
     )
 
 
-def _world_problems(cfg: Any, tensor_parallel: int) -> list[str]:
+def _world_problems(cfg: Any, tensor_parallel: int, pipeline_parallel: int) -> list[str]:
     problems = []
+    model_parallel = tensor_parallel * pipeline_parallel
     seen: set[tuple[int, str]] = set()
     for role in ("actor", "ref"):
         found = role_world(cfg, role)
@@ -54,11 +48,13 @@ def _world_problems(cfg: Any, tensor_parallel: int) -> list[str]:
             continue
         seen.add(found)
         workers, where = found
-        if workers % tensor_parallel:
+        if workers % model_parallel:
+            sizes = f"{MEGATRON}.tensor_model_parallel_size={tensor_parallel}"
+            if pipeline_parallel > 1:
+                sizes += f" x pipeline_model_parallel_size={pipeline_parallel}"
             problems.append(
-                f"{MEGATRON}.tensor_model_parallel_size={tensor_parallel} does not divide the "
-                f"{workers} workers of the {role} ({where}); the data-parallel size is workers / "
-                f"tensor-parallel size"
+                f"{sizes} does not divide the {workers} workers of the {role} ({where}); the "
+                f"data-parallel size is workers / (tensor x pipeline parallel size)"
             )
     return problems
 
@@ -78,4 +74,9 @@ def check_config(cfg: Any) -> list[str]:
     sizes = parallel_problems(actor.megatron)
     if sizes:
         return problems + sizes
-    return problems + _world_problems(cfg, int(actor.megatron.tensor_model_parallel_size))
+    megatron = actor.megatron
+    return problems + _world_problems(
+        cfg,
+        int(megatron.tensor_model_parallel_size),
+        int(megatron.pipeline_model_parallel_size),
+    )

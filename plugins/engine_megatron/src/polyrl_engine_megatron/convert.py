@@ -23,6 +23,12 @@ rank's slice of the gate projection followed by its slice of the up projection. 
 is padded with zero rows to a multiple of the tensor-parallel size (megatron splits it evenly);
 the padding is dropped on the way back. Conversion is exact in both directions (a round trip
 returns the same tensors).
+
+With pipeline parallelism each stage holds a run of decoder layers under local indices
+(``decoder.layers.0`` is the stage's first layer); :class:`PipelineStage` maps its names to the
+whole model's. The first stage holds the embedding, the last the final norm and the output
+layer; with tied embeddings and more than one stage, the last stage's ``output_layer.weight`` is
+its own copy of the embedding (megatron-core keeps the two equal by summing their gradients).
 """
 
 from __future__ import annotations
@@ -116,6 +122,85 @@ class GPTShape:
             qkv_bias=bias,
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
         )
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """The part of the model one pipeline stage holds: decoder layers ``first_layer`` to
+    ``first_layer + num_layers - 1``, the embedding when ``is_first``, the final norm and the
+    output layer when ``is_last``."""
+
+    first_layer: int
+    num_layers: int
+    is_first: bool
+    is_last: bool
+
+    def global_name(self, local: str) -> str:
+        """The whole model's name of this stage's weight ``local``."""
+        prefix, found, rest = local.partition("decoder.layers.")
+        if not found:
+            return local
+        index, _, leaf = rest.partition(".")
+        return f"{prefix}decoder.layers.{int(index) + self.first_layer}.{leaf}"
+
+    def local_name(self, name: str) -> str | None:
+        """This stage's name of the whole model's weight ``name``; None where another stage
+        holds it."""
+        if name == EMBEDDING:
+            return name if self.is_first else None
+        if name in (FINAL_NORM, OUTPUT):
+            return name if self.is_last else None
+        prefix, found, rest = name.partition("decoder.layers.")
+        index, _, leaf = rest.partition(".")
+        if not found or not index.isdigit():
+            raise KeyError(f"{name!r} is not a megatron-core GPTModel weight this converter knows")
+        local = int(index) - self.first_layer
+        if not 0 <= local < self.num_layers:
+            return None
+        return f"{prefix}decoder.layers.{local}.{leaf}"
+
+
+def pipeline_stages(num_layers: int, pipeline_parallel: int) -> list[PipelineStage]:
+    """The stages of an even split of ``num_layers`` decoder layers (megatron-core's default
+    layout); a :class:`ConfigError` when they do not divide evenly."""
+    if num_layers % pipeline_parallel:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pipeline_parallel} "
+            f"does not divide the model's {num_layers} decoder layers (num_hidden_layers); "
+            f"pick a divisor of {num_layers}"
+        )
+    per_stage = num_layers // pipeline_parallel
+    return [
+        PipelineStage(
+            first_layer=stage * per_stage,
+            num_layers=per_stage,
+            is_first=stage == 0,
+            is_last=stage == pipeline_parallel - 1,
+        )
+        for stage in range(pipeline_parallel)
+    ]
+
+
+def stage_shards(
+    shards: Mapping[str, list[torch.Tensor]], shape: GPTShape, stage: PipelineStage
+) -> dict[str, list[torch.Tensor]]:
+    """The weights of :func:`hf_to_megatron` that ``stage`` holds, under its local names; the
+    last stage of a tied model split over several stages gets the embedding as its output
+    layer."""
+    out = {
+        local: tensors
+        for name, tensors in shards.items()
+        if (local := stage.local_name(name)) is not None
+    }
+    if shape.tied and stage.is_last and not stage.is_first:
+        out[OUTPUT] = [tensor.clone() for tensor in shards[EMBEDDING]]
+    return out
+
+
+def is_tied_copy(local: str, shape: GPTShape, stage: PipelineStage) -> bool:
+    """Whether this stage's weight ``local`` duplicates the first stage's embedding: streamed
+    and counted once, from the first stage."""
+    return local == OUTPUT and shape.tied and not stage.is_first
 
 
 _ROW_SPLIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")

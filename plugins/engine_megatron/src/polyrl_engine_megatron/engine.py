@@ -1,22 +1,27 @@
-"""The Megatron training engine: one rank of a megatron-core GPTModel split by tensor parallelism.
+"""The Megatron training engine: one rank of a megatron-core GPTModel split by tensor and
+pipeline parallelism.
 
-Read ``polyrl.interfaces.training_engine`` for the contract. Workers are grouped in consecutive
-runs of ``actor_rollout_ref.actor.megatron.tensor_model_parallel_size``: each run holds one copy
-of the model split over its ranks (attention heads, MLP columns and the vocabulary) and is one
-data-parallel rank; every member gets the same rows and the first returns the output. What the
-engine shares with the FSDP engine: the keys it reads, the micro-batches (by count or token
-budget), float32 master weights with bf16 compute, torch's AdamW with polyrl's LR schedule and
-grad-norm clipping, a step with a non-finite grad norm skipped, and the Hugging Face export.
-What is its own: the weights live in megatron-core's layout (:mod:`.convert`), the log-probs and
-entropy are computed without gathering the vocabulary (:mod:`.vocab_parallel`), and gradients
-are averaged over the data-parallel group after the last micro-batch (TP shards need no
-reduction: a replicated weight's gradient is already the same on every TP rank).
+Read ``polyrl.interfaces.training_engine`` for the contract. Workers are grouped by megatron-core
+(tensor-parallel peers consecutive, then data-parallel replicas, then pipeline stages): the
+``tensor_model_parallel_size x pipeline_model_parallel_size`` ranks holding one copy of the model
+are one data-parallel rank; every member gets the same rows and the first tensor-parallel rank
+of the last stage, where the log-probs are, returns the output. What the engine shares with the
+FSDP engine: the keys it reads, the micro-batches (by count or token budget), float32 master
+weights with bf16 compute, torch's AdamW with polyrl's LR schedule and grad-norm clipping, a step
+with a non-finite grad norm skipped, and the Hugging Face export. What is its own: the weights
+live in megatron-core's layout (:mod:`.convert`), the micro-batches run through megatron-core's
+schedule (:mod:`.pipeline`), the log-probs and entropy are computed without gathering the
+vocabulary (:mod:`.vocab_parallel`), and gradients are averaged over the data-parallel group
+after the last micro-batch (TP shards need no reduction: a replicated weight's gradient is
+already the same on every TP rank; a tied embedding split over the first and last stage sums its
+two gradients).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,22 +43,33 @@ from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_sch
 from polyrl_engine_fsdp.scoring import MODEL_KEYS, model_inputs, pad_to_response
 from polyrl_engine_fsdp.training import (
     EntropyMean,
-    accumulate,
     entropy_mode,
-    policy_micro_loss,
+    mean_metrics,
+    micro_batches_on,
+    policy_loss,
     report_step,
     require_trainable,
 )
 from polyrl_engine_megatron import checkpoint as mckpt
 from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
-from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, split_dim
+from polyrl_engine_megatron.convert import (
+    GPTShape,
+    is_tied_copy,
+    megatron_to_hf,
+    pipeline_stages,
+    split_dim,
+)
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
+from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
 from polyrl_engine_megatron.vocab_parallel import vocab_parallel_logprob_entropy
 
+# What a loss function run on a micro-batch's scores returns: the loss and what to record
+ScoredLoss = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, Any]]
 
-def _tensor_parallel_size(ctx: EngineContext) -> int:
-    """``actor_rollout_ref.actor.megatron.tensor_model_parallel_size`` of the role's node, after
-    the same checks as ``polyrl validate``."""
+
+def _parallel_sizes(ctx: EngineContext) -> tuple[int, int]:
+    """``actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size`` of the role's
+    node, after the same checks as ``polyrl validate``."""
     engine, model = ctx.engine, ctx.model
     megatron = schema_node({"megatron": engine.get("megatron") or {}}, "actor_rollout_ref.actor")
     problems = parallel_problems(megatron.megatron)
@@ -61,13 +77,14 @@ def _tensor_parallel_size(ctx: EngineContext) -> int:
     problems += [dtype] if dtype else []
     if problems:
         raise ConfigError("; ".join(problems))
-    size = int(megatron.megatron.tensor_model_parallel_size)
-    if ctx.world_size % size:
+    tp = int(megatron.megatron.tensor_model_parallel_size)
+    pp = int(megatron.megatron.pipeline_model_parallel_size)
+    if ctx.world_size % (tp * pp):
         raise ConfigError(
-            f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={size} does not divide "
-            f"the {ctx.world_size} workers of role {ctx.role!r}"
+            f"actor_rollout_ref.actor.megatron tensor x pipeline parallel size {tp} x {pp} does "
+            f"not divide the {ctx.world_size} workers of role {ctx.role!r}"
         )
-    return size
+    return tp, pp
 
 
 def _join_process_group(ctx: EngineContext) -> torch.device:
@@ -90,31 +107,43 @@ class MegatronEngine(TrainingEngine):
         self.settings = resolve_settings(
             ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
         )
-        self.tp = _tensor_parallel_size(ctx)
+        self.tp, self.pp = _parallel_sizes(ctx)
         self.device = _join_process_group(ctx)
-        init_model_parallel(self.tp, 1, ctx.seed)
+        init_model_parallel(self.tp, self.pp, ctx.seed)
         seed_everything(ctx.seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
-        self.mesh = DataParallelRank(
-            dp_rank=parallel_state.get_data_parallel_rank(),
-            dp_size=self.dp_size,
-            returns_output=self.tp_rank == 0,
-        )
 
         self.hf_config = load_hf_config(ctx.model_path, self.settings)
         self.shape = GPTShape.from_hf_config(self.hf_config, self.tp)
+        stages = pipeline_stages(self.shape.num_layers, self.pp)
+        self.stage = stages[self.pp_rank]
+        self.mesh = DataParallelRank(
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            dp_size=self.dp_size,
+            returns_output=self.tp_rank == 0 and self.stage.is_last,
+        )
         self.model = build_gpt_model(
-            self.shape, self.hf_config, gradient_checkpointing=self.settings.gradient_checkpointing
+            self.shape,
+            self.hf_config,
+            self.stage,
+            pipeline_parallel=self.pp,
+            gradient_checkpointing=self.settings.gradient_checkpointing,
         )
         load_hf_weights(
             self.model,
             ctx.model_path,
             self.shape,
+            self.stage,
             self.tp_rank,
             self.settings.trust_remote_code,
+        )
+        self.stage_weights = StageWeights(
+            self.model, stages, self.pp_rank, self.pp_group, self.device
         )
         self.compute_dtype = torch_dtype(self.settings.dtype)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
@@ -130,71 +159,89 @@ class MegatronEngine(TrainingEngine):
         self.metric_prefix = "critic" if ctx.role == "critic" else "actor"
 
     def data_parallel_rank(self) -> DataParallelRank:
-        """TP peers (consecutive ranks in megatron's default order) form one data-parallel rank;
-        the first of them returns the output."""
+        """The TP x PP ranks of one model copy form one data-parallel rank; the first TP rank of
+        the last stage returns the output."""
         return self.mesh
 
     # ---- forward ------------------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, training: bool) -> list[list[int]]:
-        """Row groups, the same on every TP peer (they hold the same rows). Data-parallel ranks
-        may run different numbers: gradients are reduced once, after the last one."""
+        """Row groups, the same on every TP and PP peer (they hold the same rows). Data-parallel
+        ranks may run different numbers: gradients are reduced once, after the last one."""
         return plan_micro_batches(batch, self.settings, training)
 
-    def _forward(
-        self, batch: Batch, temperature: float, entropy: EntropyMode
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
-        trimmed, _, response_attention = model_inputs(batch, self.device)
-        kept = trimmed.kept_response
+    def _forward_step(
+        self, temperature: float, entropy: EntropyMode, scored_loss: ScoredLoss
+    ) -> Callable[[Iterator[Batch], Any], tuple[torch.Tensor, Callable]]:
+        """megatron-core's ``forward_step_func``: the next micro-batch through this stage, and
+        the loss function the last stage runs on its logits (log-probs and entropy ``[b, R]``,
+        zero on padding, then ``scored_loss``)."""
 
-        def response_logits(
-            hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, **_: Any
-        ) -> torch.Tensor:
-            """Logits only where a response token is predicted: ``[b, kept, V/tp]``."""
-            logits, _ = output_layer(hidden_states[-(kept + 1) : -1], weight=output_weight)
-            return logits.transpose(0, 1)
+        def step(micros: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Callable]:
+            micro = next(micros)
+            trimmed, _, response_attention = model_inputs(micro, self.device)
+            kept = trimmed.kept_response
+            with torch.autocast(
+                "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
+            ):
+                output = model(
+                    trimmed.input_ids,
+                    trimmed.position_ids,
+                    _attention_mask(trimmed.attention_mask),
+                    output_processor=partial(_response_logits, kept=kept),
+                )
 
-        with torch.autocast(
-            "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
-        ):
-            logits = self.model(
-                trimmed.input_ids,
-                trimmed.position_ids,
-                _attention_mask(trimmed.attention_mask),
-                output_processor=response_logits,
-            )
-        log_prob, ent = vocab_parallel_logprob_entropy(
-            logits,
-            trimmed.labels,
-            vocab_size=self.shape.vocab_size,
-            temperature=temperature,
-            entropy=entropy,
-            group=self.tp_group,
-        )
-        del logits
-        return pad_to_response(log_prob, ent, response_attention, kept)
+            def loss(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+                log_prob, ent = vocab_parallel_logprob_entropy(
+                    logits,
+                    trimmed.labels,
+                    vocab_size=self.shape.vocab_size,
+                    temperature=temperature,
+                    entropy=entropy,
+                    group=self.tp_group,
+                )
+                log_prob, ent = pad_to_response(log_prob, ent, response_attention, kept)
+                value, record = scored_loss(micro, log_prob, ent)
+                tokens = response_attention.sum().to(device=self.device, dtype=torch.int)
+                return value, tokens, record
+
+            # the activation sent to the next stage in pipeline_dtype (float32)
+            return (output if self.stage.is_last else output.float()), loss
+
+        return step
 
     # ---- TrainingEngine -----------------------------------------------------------------------
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of the response tokens; filled on the last stage (the rank
+        that returns the output), zeros on the others."""
         rows, width = batch["responses"].shape
         log_probs = torch.zeros((rows, width), dtype=torch.float32)
         entropies = torch.zeros((rows, width), dtype=torch.float32) if calculate_entropy else None
         mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
+        groups = self._micro_batches(batch, training=False)
+        micros = [
+            batch.select_keys(MODEL_KEYS).select_rows(torch.tensor(group, dtype=torch.long))
+            for group in groups
+        ]
+        zero = torch.zeros((), device=self.device)
+
+        def keep_scores(micro: Batch, log_prob: torch.Tensor, ent: torch.Tensor | None):
+            return zero, (log_prob.float().cpu(), None if ent is None else ent.float().cpu())
+
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                for group in self._micro_batches(batch, training=False):
-                    index = torch.tensor(group, dtype=torch.long)
-                    micro = batch.select_keys(MODEL_KEYS).select_rows(index)
-                    log_prob, ent = self._forward(micro, temperature, mode)
-                    log_probs[index] = log_prob.float().cpu()
-                    if entropies is not None and ent is not None:
-                        entropies[index] = ent.float().cpu()
+                step = self._forward_step(temperature, mode, keep_scores)
+                records = run_schedule(self.model, micros, step, forward_only=True)
         finally:
             self.model.train(was_training)
+        for group, (log_prob, ent) in zip(groups, records):
+            index = torch.tensor(group, dtype=torch.long)
+            log_probs[index] = log_prob
+            if entropies is not None and ent is not None:
+                entropies[index] = ent
         return log_probs, entropies
 
     def train_step(
@@ -202,22 +249,25 @@ class MegatronEngine(TrainingEngine):
     ) -> dict[str, float]:
         """One optimizer step. Each micro-batch reaches ``loss_fn`` on the GPU with ``meta`` keys
         ``mini_batch_rows``, ``mini_batch_response_tokens`` (this data-parallel rank's) and
-        ``num_micro_batches``."""
+        ``num_micro_batches``; the loss metrics come from the last stage."""
         require_trainable(self.optimizer, self.scheduler, self.ctx.role)
         groups = self._micro_batches(mini_batch, training=True)
         mode = entropy_mode(self.settings.entropy_coeff)
         entropy = EntropyMean()
-        micro_loss = policy_micro_loss(self._forward, loss_fn, temperature, mode, entropy)
+        micros = list(micro_batches_on(mini_batch, groups, self.device))
         self.model.train()
-        result = accumulate(mini_batch, groups, self.device, micro_loss, torch.Tensor.backward)
+        step = self._forward_step(temperature, mode, policy_loss(loss_fn, mode, entropy))
+        result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
         grad_norm, lr = self._optimizer_step()
         entropy.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:
-        """Average gradients over the data-parallel group, clip by the global norm (TP shards
-        summed over the TP group, replicated weights counted once), step unless the norm is not
-        finite, advance the schedule; return the pre-clip norm and the lr this step used."""
+        """Average gradients over the data-parallel group, sum a tied embedding's two copies'
+        gradients, clip by the global norm (TP shards summed over the TP group, replicated
+        weights and the tied copy counted once, stages summed over the PP group), step unless
+        the norm is not finite, advance the schedule; return the pre-clip norm and the lr this
+        step used."""
         assert self.optimizer is not None and self.scheduler is not None
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
@@ -228,9 +278,17 @@ class MegatronEngine(TrainingEngine):
                 handle.wait()
             for grad in grads:
                 grad.div_(self.dp_size)
+        if self.shape.tied and self.pp > 1 and (self.stage.is_first or self.stage.is_last):
+            from megatron.core import parallel_state
+
+            shared = self.model.shared_embedding_or_output_weight()
+            tied = next(g for p, g in zip(params, grads) if p is shared)
+            dist.all_reduce(tied, group=parallel_state.get_embedding_group())
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)
         for (name, _), grad in zip(named, grads):
+            if is_tied_copy(name, self.shape, self.stage):
+                continue
             square = grad.float().pow(2).sum()
             if split_dim(name) is not None:
                 sharded += square
@@ -238,7 +296,10 @@ class MegatronEngine(TrainingEngine):
                 replicated += square
         if self.tp > 1:
             dist.all_reduce(sharded, group=self.tp_group)
-        grad_norm = float((sharded + replicated).sqrt())
+        total = sharded + replicated
+        if self.pp > 1:
+            dist.all_reduce(total, group=self.pp_group)
+        grad_norm = float(total.sqrt())
         clip = self.settings.optim.clip_grad
         lr = float(self.optimizer.param_groups[0]["lr"])
         skipped = not math.isfinite(grad_norm)
@@ -255,14 +316,17 @@ class MegatronEngine(TrainingEngine):
         return grad_norm, lr
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full float32 tensors under their HF names: each tensor-parallel weight is gathered
-        over the TP group (collective) and converted back to the HF layout, one at a time."""
-        for name, param in self.model.named_parameters():
-            shards = [param.detach()]
+        """Full float32 tensors under their HF names, on every rank: each stage's weights are
+        broadcast over the pipeline group, each tensor-parallel weight gathered over the TP
+        group (collectives) and converted back to the HF layout, one at a time."""
+        for stage, name, shard in self.stage_weights:
+            if is_tied_copy(name, self.shape, stage):
+                continue  # the first stage's embedding yields both HF names
+            shards = [shard]
             if self.tp > 1 and split_dim(name) is not None:
-                shards = [torch.empty_like(param) for _ in range(self.tp)]
-                dist.all_gather(shards, param.detach().contiguous(), group=self.tp_group)
-            yield from megatron_to_hf(name, shards, self.shape)
+                shards = [torch.empty_like(shard) for _ in range(self.tp)]
+                dist.all_gather(shards, shard, group=self.tp_group)
+            yield from megatron_to_hf(stage.global_name(name), shards, self.shape)
 
     def save_checkpoint(self, path: str) -> None:
         extra = {
@@ -274,7 +338,7 @@ class MegatronEngine(TrainingEngine):
             self.model,
             self.optimizer,
             extra,
-            tp_rank=self.tp_rank,
+            shard=self._shard(),
             writes_shard=self.mesh.dp_rank == 0,
         )
 
@@ -283,14 +347,17 @@ class MegatronEngine(TrainingEngine):
             path,
             self.model,
             self.optimizer,
-            tp_rank=self.tp_rank,
+            shard=self._shard(),
             layout=self._layout(),
         )
         self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
     def _layout(self) -> dict[str, int]:
-        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": 1}
+        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp}
+
+    def _shard(self) -> str:
+        return mckpt.shard_name(self.tp_rank, self.pp_rank, self.pp)
 
     def export_hf(self, path: str) -> None:
         rank0 = dist.get_rank() == 0
@@ -301,6 +368,15 @@ class MegatronEngine(TrainingEngine):
         )
         del state
         dist.barrier()
+
+
+def _response_logits(
+    hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, *, kept: int, **_: Any
+) -> torch.Tensor:
+    """megatron-core's ``output_processor`` on the last stage: logits only where a response
+    token is predicted, ``[b, kept, V/tp]``."""
+    logits, _ = output_layer(hidden_states[-(kept + 1) : -1], weight=output_weight)
+    return logits.transpose(0, 1)
 
 
 def _attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:

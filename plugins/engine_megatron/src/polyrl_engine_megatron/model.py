@@ -6,6 +6,13 @@ under ``torch.autocast`` in ``actor_rollout_ref.model.dtype``, which is how the 
 mixed precision computes too (bf16 matmuls, float32 weights and reductions). Dropout is off (RL
 fine-tuning scores exact log-probs) and every kernel fusion that needs apex or a fixed mask is
 off, so the attention honours polyrl's padding mask.
+
+With pipeline parallelism each stage builds its run of layers (``pre_process`` on the first,
+``post_process`` on the last) and the activations passed between stages are float32: the
+residual stream is float32 under autocast (float32 weights), and
+``variable_seq_lengths`` lets every micro-batch have its own shape (the stages exchange it
+first). Losses are per token already (polyrl's losses divide by the mini-batch's tokens), so
+megatron's schedule must not divide them again (``calculate_per_token_loss``).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from polyrl.errors import ConfigError
-from polyrl_engine_megatron.convert import GPTShape, hf_to_megatron
+from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
 
 
 def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
@@ -45,7 +52,7 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
 
 
 def transformer_config_kwargs(
-    shape: GPTShape, hf_config: Any, *, gradient_checkpointing: bool
+    shape: GPTShape, hf_config: Any, *, pipeline_parallel: int, gradient_checkpointing: bool
 ) -> dict[str, Any]:
     """``TransformerConfig`` arguments that reproduce the HF model's computation."""
     kwargs: dict[str, Any] = {
@@ -64,6 +71,13 @@ def transformer_config_kwargs(
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         "tensor_model_parallel_size": shape.tensor_parallel,
+        "pipeline_model_parallel_size": pipeline_parallel,
+        "pipeline_dtype": torch.float32,
+        "variable_seq_lengths": True,
+        # no experts here, but megatron-core refuses variable_seq_lengths with its default
+        # (allgather) MoE dispatcher
+        "moe_token_dispatcher_type": "alltoall",
+        "calculate_per_token_loss": True,
         "params_dtype": torch.float32,
         "perform_initialization": False,  # every weight is loaded from the checkpoint
         # Fusions that need apex/Transformer Engine, or (masked softmax) ignore a padding mask.
@@ -81,16 +95,30 @@ def transformer_config_kwargs(
     return kwargs
 
 
-def build_gpt_model(shape: GPTShape, hf_config: Any, *, gradient_checkpointing: bool) -> Any:
-    """The GPTModel (float32 parameters, uninitialised) on the current CUDA device."""
+def build_gpt_model(
+    shape: GPTShape,
+    hf_config: Any,
+    stage: PipelineStage,
+    *,
+    pipeline_parallel: int,
+    gradient_checkpointing: bool,
+) -> Any:
+    """This stage's GPTModel (float32 parameters, uninitialised) on the current CUDA device;
+    checks that megatron-core placed the stage's layers where ``stage`` says."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     config = TransformerConfig(
-        **transformer_config_kwargs(shape, hf_config, gradient_checkpointing=gradient_checkpointing)
+        **transformer_config_kwargs(
+            shape,
+            hf_config,
+            pipeline_parallel=pipeline_parallel,
+            gradient_checkpointing=gradient_checkpointing,
+        )
     )
-    return GPTModel(
+    model = GPTModel(
         config,
         get_gpt_layer_local_spec(),
         vocab_size=shape.padded_vocab_size,
@@ -99,19 +127,34 @@ def build_gpt_model(shape: GPTShape, hf_config: Any, *, gradient_checkpointing: 
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),
         parallel_output=True,
+        pre_process=stage.is_first,
+        post_process=stage.is_last,
     ).cuda(torch.cuda.current_device())
+    built = (get_transformer_layer_offset(config), len(model.decoder.layers))
+    if built != (stage.first_layer, stage.num_layers):
+        raise RuntimeError(
+            f"megatron-core built decoder layers {built[0]}..{sum(built) - 1} on this stage, "
+            f"polyrl expected {stage.first_layer}..{stage.first_layer + stage.num_layers - 1}"
+        )
+    return model
 
 
 def load_hf_weights(
-    model: torch.nn.Module, model_path: str, shape: GPTShape, tp_rank: int, trust_remote_code: bool
+    model: torch.nn.Module,
+    model_path: str,
+    shape: GPTShape,
+    stage: PipelineStage,
+    tp_rank: int,
+    trust_remote_code: bool,
 ) -> None:
-    """Read the HF checkpoint (float32, on the CPU) and copy this rank's shards into ``model``."""
+    """Read the HF checkpoint (float32, on the CPU) and copy this rank's shards of its
+    pipeline stage into ``model``."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(
         model_path, dtype=torch.float32, trust_remote_code=trust_remote_code
     ).state_dict()
-    shards = hf_to_megatron(hf, shape)
+    shards = stage_shards(hf_to_megatron(hf, shape), shape, stage)
     del hf
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(shards))
