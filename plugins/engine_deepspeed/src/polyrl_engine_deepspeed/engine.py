@@ -50,6 +50,7 @@ from polyrl_engine_fsdp.scoring import (
 )
 from polyrl_engine_fsdp.training import (
     EntropyMean,
+    StepPeakMemory,
     accumulate,
     entropy_mode,
     policy_micro_loss,
@@ -178,12 +179,14 @@ class DeepSpeedEngine(TrainingEngine):
         entropy = EntropyMean()
         micro_loss = policy_micro_loss(self._score, loss_fn, temperature, mode, entropy)
         self.engine.train()
+        peak = StepPeakMemory(self.device)
         result = accumulate(mini_batch, groups, self.device, micro_loss, self.engine.backward)
         for _ in range(dummies):
             self.engine.backward(dummy_logits(self.engine, self.device).float().sum() * 0.0)
 
         grad_norm, lr, applied = self._optimizer_step()
         entropy.report(result, self.metric_prefix)
+        peak.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, applied)
 
     def _optimizer_step(self) -> tuple[float, float, bool]:

@@ -73,6 +73,7 @@ from polyrl_engine_fsdp.scoring import (
 from polyrl_engine_fsdp.training import (
     EntropyMean,
     MicroLoss,
+    StepPeakMemory,
     accumulate,
     entropy_mode,
     policy_micro_loss,
@@ -276,8 +277,7 @@ class FSDPEngine(TrainingEngine):
         check_batch(mini_batch, "FSDP")
         groups, dummies = self._micro_batches(mini_batch, training=True)
         self.model.train()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        peak = StepPeakMemory(self.device)
         with self._gathering(len(groups) + dummies) as gathering:
             result = accumulate(mini_batch, groups, self.device, micro_loss, gathering.backward)
             for _ in range(dummies):
@@ -286,9 +286,7 @@ class FSDPEngine(TrainingEngine):
         grad_norm, lr = self._optimizer_step()
         if entropy is not None:
             entropy.report(result, self.metric_prefix)
-        if self.device.type == "cuda":  # this step's peak, not the process's (generation's)
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
-            result[f"{self.metric_prefix}/peak_memory_gb"] = peak
+        peak.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:

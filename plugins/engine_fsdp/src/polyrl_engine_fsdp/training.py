@@ -145,6 +145,22 @@ def accumulate(
     return mean_metrics(records)
 
 
+class StepPeakMemory:
+    """The peak GPU memory of one training step, from its start (not the process's: a
+    colocated rollout's generation peaks elsewhere), reported as ``<prefix>/peak_memory_gb``;
+    nothing on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def report(self, result: dict[str, float], prefix: str) -> None:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            result[f"{prefix}/peak_memory_gb"] = peak
+
+
 def report_step(
     result: dict[str, float], prefix: str, grad_norm: float, lr: float, applied: bool
 ) -> dict[str, float]:

@@ -43,6 +43,7 @@ from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_sch
 from polyrl_engine_fsdp.scoring import MODEL_KEYS, model_inputs, pad_to_response
 from polyrl_engine_fsdp.training import (
     EntropyMean,
+    StepPeakMemory,
     entropy_mode,
     mean_metrics,
     micro_batches_on,
@@ -256,10 +257,12 @@ class MegatronEngine(TrainingEngine):
         entropy = EntropyMean()
         micros = list(micro_batches_on(mini_batch, groups, self.device))
         self.model.train()
+        peak = StepPeakMemory(self.device)
         step = self._forward_step(temperature, mode, policy_loss(loss_fn, mode, entropy))
         result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
         grad_norm, lr = self._optimizer_step()
         entropy.report(result, self.metric_prefix)
+        peak.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:
