@@ -55,6 +55,7 @@ from polyrl_engine_megatron import checkpoint as mckpt
 from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
 from polyrl_engine_megatron.convert import (
     GPTShape,
+    PipelineStage,
     is_tied_copy,
     megatron_to_hf,
     pipeline_stages,
@@ -322,9 +323,12 @@ class MegatronEngine(TrainingEngine):
         """Full float32 tensors under their HF names, on every rank: each stage's weights are
         broadcast over the pipeline group, each tensor-parallel weight gathered over the TP
         group (collectives) and converted back to the HF layout, one at a time."""
-        for stage, name, shard in self.stage_weights:
-            if is_tied_copy(name, self.shape, stage):
-                continue  # the first stage's embedding yields both HF names
+
+        # the first stage's embedding yields both HF names of a tied embedding
+        def untied(stage: PipelineStage, name: str) -> bool:
+            return not is_tied_copy(name, self.shape, stage)
+
+        for stage, name, shard in self.stage_weights.stream(untied):
             shards = [shard]
             if self.tp > 1 and split_dim(name) is not None:
                 shards = [torch.empty_like(shard) for _ in range(self.tp)]

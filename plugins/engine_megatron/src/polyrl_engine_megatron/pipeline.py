@@ -73,12 +73,17 @@ class StageWeights:
             dist.all_gather_object(self.layouts, local, group=group)
             self.sources = [dist.get_global_rank(group, i) for i in range(len(self.stages))]
 
-    def __iter__(self) -> Iterator[tuple[PipelineStage, str, torch.Tensor]]:
+    def stream(
+        self, keep: Callable[[PipelineStage, str], bool]
+    ) -> Iterator[tuple[PipelineStage, str, torch.Tensor]]:
         """``(stage, local name, this rank's tensor-parallel shard)`` for every weight of every
-        stage, in stage order; the same sequence on every rank (collective)."""
+        stage that ``keep`` accepts, in stage order; the same sequence on every rank
+        (collective)."""
         params = dict(self.model.named_parameters())
         for index, (stage, layout) in enumerate(zip(self.stages, self.layouts)):
             for name, shape in layout:
+                if not keep(stage, name):
+                    continue
                 if index == self.stage_index:
                     tensor = params[name].detach().contiguous()
                 else:
