@@ -6,7 +6,10 @@ same micro-batches (by count or token budget, the same number on every rank), th
 scoring of response-only logits, torch's AdamW and polyrl's LR schedule, a step with a
 non-finite grad norm skipped. DeepSpeed partitions optimizer state (ZeRO-1), gradients
 (ZeRO-2) and parameters (ZeRO-3), offloads to CPU when asked, and keeps fp32 master weights
-under bf16/fp16. Its own settings are ``plugins.deepspeed.*`` (:mod:`.settings`).
+under bf16/fp16. Its own settings are ``plugins.deepspeed.*`` (:mod:`.settings`). It takes the
+FSDP engine's speed paths (:mod:`polyrl_engine_fsdp.fast_paths`: padding-free packing, log-probs
+without full-vocabulary logits, decoder layers compiled on CUDA), all but packing off under
+ZeRO-3, whose partitioned parameters they would read outside their modules.
 """
 
 from __future__ import annotations
@@ -24,16 +27,23 @@ from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.utils import safe_get_full_fp32_param
 
 from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
+from polyrl.interfaces.training_engine import (
+    EngineContext,
+    MicroBatchLossFn,
+    ModelHead,
+    TrainingEngine,
+)
 from polyrl_engine_deepspeed import checkpoint as ds_ckpt
 from polyrl_engine_deepspeed.ds_config import deepspeed_config
 from polyrl_engine_deepspeed.settings import deepspeed_settings
+from polyrl_engine_fsdp import fast_paths
 from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
 from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
+from polyrl_engine_fsdp.packed_scoring import packed_log_probs
 from polyrl_engine_fsdp.runtime import (
     default_backend,
     join_default_group,
@@ -92,6 +102,10 @@ class DeepSpeedEngine(TrainingEngine):
         seed_everything(ctx.seed)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
         model = load_hf_model(ctx.model_path, self.settings, self.device)
+        # the FSDP engine's speed paths (packing, fused log-probs, compiled layers or Liger);
+        # ZeRO-3 keeps parameters partitioned, which rules out the last two but packing
+        partitioned = self.zero.zero_stage == 3
+        paths = fast_paths.prepare(model, self.settings, self.device, False, partitioned)
         self.hf_config = model.config
         self._logits_to_keep = accepts_logits_to_keep(model)
         optim = self.settings.optim
@@ -110,6 +124,9 @@ class DeepSpeedEngine(TrainingEngine):
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=config, dist_init_required=False
         )
+        self.paths = fast_paths.finish(
+            self.engine.module, paths, self.settings, ModelHead.CAUSAL_LM, partitioned
+        )
         # polyrl's schedule on the client optimizer, whose param groups ZeRO keeps (it swaps
         # their tensors for its fp32 partitions); stepped once per optimizer step, skipped or not.
         self.optimizer = optimizer
@@ -123,12 +140,21 @@ class DeepSpeedEngine(TrainingEngine):
         """Row groups for this rank and the number of dummy passes to match the other ranks:
         ZeRO-3 gathers parameters in every forward and ZeRO-2/3 reduce gradients in every
         backward, collectives that every rank must join."""
-        groups = plan_micro_batches(batch, self.settings, training)
+        groups = plan_micro_batches(batch, self.settings, training, self.paths.packed)
         return equalize_over_ranks(groups, self.device)
 
     def _score(
         self, micro: Batch, temperature: float, entropy: EntropyMode
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.paths.packed:
+            return packed_log_probs(
+                self.engine,
+                micro,
+                self.device,
+                temperature=temperature,
+                entropy=entropy,
+                fused=self.paths.fused,
+            )
         return response_log_probs(
             self.engine,
             micro,

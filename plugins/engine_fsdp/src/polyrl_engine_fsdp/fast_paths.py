@@ -45,12 +45,18 @@ def layer_compile_backend(device: torch.device, settings: EngineSettings, lora: 
 
 
 def prepare(
-    model: torch.nn.Module, settings: EngineSettings, device: torch.device, lora: bool
+    model: torch.nn.Module,
+    settings: EngineSettings,
+    device: torch.device,
+    lora: bool,
+    partitioned: bool = False,
 ) -> FastPaths:
     """Patch ``model`` (before LoRA and sharding) for the paths the settings ask for and the
-    device allows; ``lora``: the engine will wrap the model with adapters. The fused scores are
-    decided by :func:`finish`."""
-    backend = layer_compile_backend(device, settings, lora)
+    device allows; ``lora``: the engine will wrap the model with adapters; ``partitioned``: the
+    engine keeps each parameter partitioned outside the forward of the module that owns it
+    (DeepSpeed ZeRO-3), so the layers stay eager (compiled layers were not tried against
+    ZeRO-3's re-gathering in the backward). The fused scores are decided by :func:`finish`."""
+    backend = None if partitioned else layer_compile_backend(device, settings, lora)
     if backend is not None:
         compile_decoder_layers(model, decoder_layers(model), backend)
     # Compiled layers fuse what Liger's kernels would, without their per-call Python cost.
@@ -67,12 +73,19 @@ def prepare(
 
 
 def finish(
-    model: torch.nn.Module, paths: FastPaths, settings: EngineSettings, head: ModelHead
+    model: torch.nn.Module,
+    paths: FastPaths,
+    settings: EngineSettings,
+    head: ModelHead,
+    partitioned: bool = False,
 ) -> FastPaths:
     """After LoRA and sharding: attach the fused scoring method to the root module when the
-    settings ask for it and the (possibly LoRA-wrapped) model has a plain output embedding."""
+    settings ask for it and the (possibly LoRA-wrapped) model has a plain output embedding.
+    Not for ``partitioned`` parameters (see :func:`prepare`): the fused scores read the output
+    embedding's weight outside its module's forward, where ZeRO-3 has not gathered it."""
     fused = (
-        paths.packed
+        not partitioned
+        and paths.packed
         and settings.fused_log_prob
         and head is ModelHead.CAUSAL_LM
         and supports_fused(model)
@@ -80,5 +93,5 @@ def finish(
     if fused:
         install_fused_forward(model, compiled=paths.fused_compiled)
     paths = replace(paths, fused=fused)
-    log.info("FSDP engine speed paths: %s", paths)
+    log.info("engine speed paths: %s", paths)
     return paths
