@@ -43,7 +43,6 @@ from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
-from polyrl_engine_fsdp.packed_scoring import packed_log_probs
 from polyrl_engine_fsdp.runtime import (
     default_backend,
     join_default_group,
@@ -56,7 +55,6 @@ from polyrl_engine_fsdp.scoring import (
     accepts_logits_to_keep,
     check_batch,
     dummy_logits,
-    response_log_probs,
 )
 from polyrl_engine_fsdp.training import (
     EntropyMean,
@@ -146,22 +144,14 @@ class DeepSpeedEngine(TrainingEngine):
     def _score(
         self, micro: Batch, temperature: float, entropy: EntropyMode
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.paths.packed:
-            return packed_log_probs(
-                self.engine,
-                micro,
-                self.device,
-                temperature=temperature,
-                entropy=entropy,
-                fused=self.paths.fused,
-            )
-        return response_log_probs(
+        return fast_paths.policy_scores(
             self.engine,
             micro,
             self.device,
+            self.paths,
+            self._logits_to_keep,
             temperature=temperature,
             entropy=entropy,
-            logits_to_keep=self._logits_to_keep,
         )
 
     # ---- TrainingEngine -----------------------------------------------------------------------

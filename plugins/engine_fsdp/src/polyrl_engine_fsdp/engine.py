@@ -52,7 +52,7 @@ from polyrl_engine_fsdp.modeling import (
     shard_model,
     torch_dtype,
 )
-from polyrl_engine_fsdp.packed_scoring import packed_log_probs, packed_values
+from polyrl_engine_fsdp.packed_scoring import packed_values
 from polyrl_engine_fsdp.runtime import (
     default_backend,
     join_default_group,
@@ -68,7 +68,6 @@ from polyrl_engine_fsdp.scoring import (
     dummy_logits,
     model_inputs,
     pad_to_response,
-    response_log_probs,
 )
 from polyrl_engine_fsdp.training import (
     EntropyMean,
@@ -149,22 +148,14 @@ class FSDPEngine(TrainingEngine):
         self, batch: Batch, temperature: float, entropy: EntropyMode
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
-        if self.paths.packed:
-            return packed_log_probs(
-                self.model,
-                batch,
-                self.device,
-                temperature=temperature,
-                entropy=entropy,
-                fused=self.paths.fused,
-            )
-        return response_log_probs(
+        return fast_paths.policy_scores(
             self.model,
             batch,
             self.device,
+            self.paths,
+            self._accepts_logits_to_keep,
             temperature=temperature,
             entropy=entropy,
-            logits_to_keep=self._accepts_logits_to_keep,
         )
 
     def _forward_values(self, batch: Batch) -> torch.Tensor:

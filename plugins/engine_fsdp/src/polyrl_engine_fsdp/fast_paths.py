@@ -3,23 +3,32 @@
 Why one place: the paths depend on each other (the fused log-probs run on packed rows, packed
 rows need the packed attention) and on what the model and device allow (Liger needs CUDA and
 the package, the fused log-probs a plain linear output embedding), and the engine reports what
-it uses in one log line, so that a benchmark's figures can be read against it.
+it uses in one log line, so that a benchmark's figures can be read against it. The FSDP and
+DeepSpeed engines both take their paths, and their policy scores, from here.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from polyrl.batch import Batch
 from polyrl.interfaces.training_engine import ModelHead
 from polyrl_engine_fsdp.compiling import compile_decoder_layers
 from polyrl_engine_fsdp.config import EngineSettings
 from polyrl_engine_fsdp.liger import apply_liger
+from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.modeling import decoder_layers
 from polyrl_engine_fsdp.packed_attention import use_packed_attention
-from polyrl_engine_fsdp.packed_scoring import install_fused_forward, supports_fused
+from polyrl_engine_fsdp.packed_scoring import (
+    install_fused_forward,
+    packed_log_probs,
+    supports_fused,
+)
+from polyrl_engine_fsdp.scoring import response_log_probs
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +104,30 @@ def finish(
     paths = replace(paths, fused=fused)
     log.info("engine speed paths: %s", paths)
     return paths
+
+
+def policy_scores(
+    model: Any,
+    batch: Batch,
+    device: torch.device,
+    paths: FastPaths,
+    logits_to_keep: bool,
+    *,
+    temperature: float,
+    entropy: EntropyMode,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) ``[b, R]`` of the response tokens, zero on padding, by the path
+    ``paths`` chose: one packed row (fused or through the head), or padded rows (the head's
+    logits only at response positions where the model takes ``logits_to_keep``)."""
+    if paths.packed:
+        return packed_log_probs(
+            model, batch, device, temperature=temperature, entropy=entropy, fused=paths.fused
+        )
+    return response_log_probs(
+        model,
+        batch,
+        device,
+        temperature=temperature,
+        entropy=entropy,
+        logits_to_keep=logits_to_keep,
+    )
