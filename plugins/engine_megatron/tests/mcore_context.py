@@ -17,6 +17,7 @@ def megatron_context(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     dtype: str = "bfloat16",
+    gradient_checkpointing: bool = False,
     rank: int = 0,
     world_size: int = 1,
     role: str = "actor",
@@ -32,7 +33,7 @@ def megatron_context(
     }
     return composed_context(
         model_path,
-        model={"dtype": dtype},
+        model={"dtype": dtype, "enable_gradient_checkpointing": gradient_checkpointing},
         actor=actor,
         device="cuda",
         rank=rank,

@@ -188,9 +188,7 @@ def test_shards_fit_a_real_gpt_model(one_rank_model_parallel, config) -> None:
     from polyrl_engine_megatron.model import transformer_config_kwargs
 
     shape = GPTShape.from_hf_config(config, 1)
-    kwargs = transformer_config_kwargs(
-        shape, config, pipeline_parallel=1, gradient_checkpointing=False
-    )
+    kwargs = transformer_config_kwargs(shape, config, pipeline_parallel=1)
     # initialised here so that megatron-core records each weight's partition_dim
     kwargs.update(perform_initialization=True, use_cpu_initialization=True)
     model = GPTModel(

@@ -8,6 +8,8 @@ tests/test_engine_equivalence.py.)"""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from mcore_context import megatron_context
@@ -163,3 +165,60 @@ def test_export_loads_with_transformers(run) -> None:
     state = model.state_dict()
     for name, tensor in results[0]["w1"].items():
         torch.testing.assert_close(state[name], tensor.to(torch.bfloat16).float(), rtol=0, atol=0)
+
+
+def response_log_likelihood(micro: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None):
+    mask = micro["response_mask"].to(log_prob.dtype)
+    return -(log_prob * mask).sum() / micro.meta["mini_batch_response_tokens"], {}
+
+
+def _checkpointing_scenario(rank: int, world: int, path: str) -> dict:
+    """One training step on the same batch without and with gradient checkpointing (pipeline
+    stages over the GPUs when there are 2): its metrics, the weights after it, and how often the
+    layers' attention ran in it."""
+    from polyrl_engine_megatron.engine import MegatronEngine
+
+    engine_keys = {**ENGINE, "optim": {"lr": 5e-3}}  # no warm-up: the first step moves weights
+    calls = dict.fromkeys((False, True), 0)
+
+    def count(checkpointed: bool, *_) -> None:
+        calls[checkpointed] += 1
+
+    out = {}
+    for checkpointed in (False, True):
+        ctx = megatron_context(
+            path,
+            engine=engine_keys,
+            rank=rank,
+            world_size=world,
+            pipeline_parallel=world,
+            gradient_checkpointing=checkpointed,
+        )
+        engine = MegatronEngine(ctx)
+        for layer in engine.model.decoder.layers:
+            layer.self_attention.register_forward_pre_hook(partial(count, checkpointed))
+        metrics = engine.train_step(_batch(0), response_log_likelihood)
+        out[checkpointed] = {
+            "metrics": metrics,
+            "weights": _weights(engine),
+            "attention_calls": calls[checkpointed],
+        }
+        del engine
+    return out
+
+
+def test_gradient_checkpointing_recomputes_the_same_bf16_step(tmp_path) -> None:
+    """The checkpointed step runs each layer's attention twice (forward, then the recompute in
+    the backward) and reaches the same gradient norm and weights: the recompute runs under the
+    forward's bf16 autocast (megatron-core's own recompute would redo it in float32)."""
+    path = build_tiny_model(str(tmp_path / "tiny"))
+    results = run_on_ranks(_checkpointing_scenario, _world(), path, backend="nccl", timeout_s=600)
+    for rank in results:
+        plain, checkpointed = rank[False], rank[True]
+        assert plain["attention_calls"] > 0
+        assert checkpointed["attention_calls"] == 2 * plain["attention_calls"]
+        assert checkpointed["metrics"]["actor/grad_norm"] == pytest.approx(
+            plain["metrics"]["actor/grad_norm"], rel=1e-5
+        )
+        for name, tensor in plain["weights"].items():
+            torch.testing.assert_close(checkpointed["weights"][name], tensor, rtol=0, atol=1e-6)

@@ -13,6 +13,12 @@ residual stream is float32 under autocast (float32 weights), and
 ``variable_seq_lengths`` lets every micro-batch have its own shape (the stages exchange it
 first). Losses are per token already (polyrl's losses divide by the mini-batch's tokens), so
 megatron's schedule must not divide them again (``calculate_per_token_loss``).
+
+Gradient checkpointing wraps each decoder layer in torch's non-reentrant checkpoint, not
+megatron-core's full recompute: megatron's ``CheckpointFunction`` re-runs the layer in the
+backward outside the forward's ``torch.autocast``, so with float32 weights the recompute would
+run in float32 and the gradients would be those of another computation than the bf16 forward
+(torch's checkpoint restores the autocast state; megatron expects bf16 weights instead).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from polyrl.errors import ConfigError
+from polyrl_engine_fsdp.compiling import recomputed_in_backward
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
 
 
@@ -52,7 +59,7 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
 
 
 def transformer_config_kwargs(
-    shape: GPTShape, hf_config: Any, *, pipeline_parallel: int, gradient_checkpointing: bool
+    shape: GPTShape, hf_config: Any, *, pipeline_parallel: int
 ) -> dict[str, Any]:
     """``TransformerConfig`` arguments that reproduce the HF model's computation."""
     kwargs: dict[str, Any] = {
@@ -88,10 +95,6 @@ def transformer_config_kwargs(
         "persist_layer_norm": False,
         "gradient_accumulation_fusion": False,
     }
-    if gradient_checkpointing:
-        kwargs.update(
-            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
-        )
     return kwargs
 
 
@@ -103,20 +106,16 @@ def build_gpt_model(
     pipeline_parallel: int,
     gradient_checkpointing: bool,
 ) -> Any:
-    """This stage's GPTModel (float32 parameters, uninitialised) on the current CUDA device;
-    checks that megatron-core placed the stage's layers where ``stage`` says."""
+    """This stage's GPTModel (float32 parameters, uninitialised) on the current CUDA device,
+    each decoder layer recomputed in the backward with ``gradient_checkpointing``; checks that
+    megatron-core placed the stage's layers where ``stage`` says."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     config = TransformerConfig(
-        **transformer_config_kwargs(
-            shape,
-            hf_config,
-            pipeline_parallel=pipeline_parallel,
-            gradient_checkpointing=gradient_checkpointing,
-        )
+        **transformer_config_kwargs(shape, hf_config, pipeline_parallel=pipeline_parallel)
     )
     model = GPTModel(
         config,
@@ -136,6 +135,9 @@ def build_gpt_model(
             f"megatron-core built decoder layers {built[0]}..{sum(built) - 1} on this stage, "
             f"polyrl expected {stage.first_layer}..{stage.first_layer + stage.num_layers - 1}"
         )
+    if gradient_checkpointing:
+        for layer in model.decoder.layers:
+            layer.forward = recomputed_in_backward(layer.forward)
     return model
 
 
