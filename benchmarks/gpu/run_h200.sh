@@ -4,6 +4,8 @@
 # repo root:
 #   bash benchmarks/gpu/run_h200.sh 1 2                  # one run on 1 GPU, then one on 2 GPUs
 #   SHAPE=qwen2.5-1.5b bash benchmarks/gpu/run_h200.sh 1  # the Qwen2.5-1.5B shape
+# recipe=tiny supplies the task and the GRPO settings; it keeps its toy model's layers eager, so
+# the compiled layers (the CUDA default elsewhere) are asked for here.
 # Environment: SHAPE (qwen2-0.5b), STEPS (6), TOKENS (the update's token budget per micro-batch
 # and GPU, 16384), TAG (a suffix of the run folder), EXTRA (more overrides, space-separated).
 set -euo pipefail
@@ -21,6 +23,7 @@ for gpus in "${@:-1}"; do
         actor_rollout_ref.model.path="$model" \
         actor_rollout_ref.model.dtype=bfloat16 \
         actor_rollout_ref.actor.fsdp_config.mixed_precision=true \
+        actor_rollout_ref.actor.use_torch_compile=true \
         actor_rollout_ref.actor.optim.lr=1e-6 \
         actor_rollout_ref.actor.ppo_mini_batch_size=32 \
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 \
