@@ -1,10 +1,13 @@
-"""Engine contexts for the Megatron engine's tests, built as a run builds them: a whole config
-composed from the schema (:func:`polyrl_engine_fsdp.testing.composed_context`) with
-``strategy=megatron`` and the tensor- and pipeline-parallel sizes, on CUDA."""
+"""What the Megatron engine's tests share: engine contexts built as a run builds them (a whole
+config composed from the schema, :func:`polyrl_engine_fsdp.testing.composed_context`, with
+``strategy=megatron`` and the tensor- and pipeline-parallel sizes, on CUDA), and megatron-core's
+parallel state for the CPU tests that build its modules."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import pytest
 
 from polyrl.interfaces.training_engine import EngineContext
 from polyrl_engine_fsdp.testing import composed_context
@@ -41,3 +44,21 @@ def megatron_context(
         role=role,
         total_training_steps=total_training_steps,
     )
+
+
+@pytest.fixture
+def one_rank_model_parallel():
+    """megatron-core's parallel state on a private 1-rank gloo group (CPU)."""
+    megatron = pytest.importorskip(
+        "megatron.core", reason="pip install 'polyrl-engine-megatron[cpu]'"
+    )
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    megatron.parallel_state.initialize_model_parallel(1, 1)
+    yield
+    megatron.parallel_state.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mcore_context import one_rank_model_parallel  # noqa: F401 (a fixture)
 from transformers import LlamaConfig, Qwen2Config
 
 from polyrl.errors import ConfigError
@@ -159,26 +160,8 @@ def test_shape_refuses_what_it_cannot_convert() -> None:
         GPTShape.from_hf_config(scaled, 1)
 
 
-@pytest.fixture
-def one_rank_model_parallel():
-    """megatron-core's parallel state on a private 1-rank gloo group (CPU)."""
-    megatron = pytest.importorskip(
-        "megatron.core", reason="pip install 'polyrl-engine-megatron[cpu]'"
-    )
-    import torch.distributed as dist
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    megatron.parallel_state.initialize_model_parallel(1, 1)
-    yield
-    megatron.parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("config", [QWEN2, LLAMA], ids=["qwen2", "llama"])
-def test_shards_fit_a_real_gpt_model(one_rank_model_parallel, config) -> None:
+def test_shards_fit_a_real_gpt_model(one_rank_model_parallel, config) -> None:  # noqa: F811
     """Names, shapes and TP split dims of megatron-core's own parameters: TP=1 shards have the
     model's shapes, and each weight splits along the ``partition_dim`` megatron-core gives it."""
     from megatron.core.models.gpt import GPTModel

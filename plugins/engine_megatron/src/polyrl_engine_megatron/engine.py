@@ -52,6 +52,7 @@ from polyrl_engine_fsdp.training import (
     require_trainable,
 )
 from polyrl_engine_megatron import checkpoint as mckpt
+from polyrl_engine_megatron.attention import attention_mask
 from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
 from polyrl_engine_megatron.convert import (
     GPTShape,
@@ -188,7 +189,7 @@ class MegatronEngine(TrainingEngine):
                 output = model(
                     trimmed.input_ids,
                     trimmed.position_ids,
-                    _attention_mask(trimmed.attention_mask),
+                    attention_mask(trimmed.attention_mask),
                     output_processor=partial(_response_logits, kept=kept),
                 )
 
@@ -384,12 +385,3 @@ def _response_logits(
     token is predicted, ``[b, kept, V/tp]``."""
     logits, _ = output_layer(hidden_states[-(kept + 1) : -1], weight=output_weight)
     return logits.transpose(0, 1)
-
-
-def _attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """megatron-core's boolean mask ``[b, 1, s, s]``, True where a query may NOT attend: future
-    positions and padding keys."""
-    width = attention_mask.shape[1]
-    causal = torch.ones((width, width), dtype=torch.bool, device=attention_mask.device).tril()
-    allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
-    return ~allowed.unsqueeze(1)

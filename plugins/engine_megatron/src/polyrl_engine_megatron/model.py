@@ -5,7 +5,7 @@ apex). Its parameters are float32, the master weights the optimizer updates; the
 under ``torch.autocast`` in ``actor_rollout_ref.model.dtype``, which is how the FSDP engine's
 mixed precision computes too (bf16 matmuls, float32 weights and reductions). Dropout is off (RL
 fine-tuning scores exact log-probs) and every kernel fusion that needs apex or a fixed mask is
-off, so the attention honours polyrl's padding mask.
+off; the core attention is torch's SDPA under polyrl's padding mask (:mod:`.attention`).
 
 With pipeline parallelism each stage builds its run of layers (``pre_process`` on the first,
 ``post_process`` on the last) and the activations passed between stages are float32: the
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from polyrl.errors import ConfigError
 from polyrl_engine_fsdp.compiling import recomputed_in_backward
+from polyrl_engine_megatron.attention import sdpa_core_attention
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
 
 
@@ -117,9 +118,11 @@ def build_gpt_model(
     config = TransformerConfig(
         **transformer_config_kwargs(shape, hf_config, pipeline_parallel=pipeline_parallel)
     )
+    spec = get_gpt_layer_local_spec()
+    spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
     model = GPTModel(
         config,
-        get_gpt_layer_local_spec(),
+        spec,
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=int(hf_config.max_position_embeddings),
         share_embeddings_and_output_weights=shape.tied,
