@@ -21,6 +21,10 @@ export gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 python3 -c "import torch, deepspeed, megatron.core as m; print('torch', torch.__version__, \
 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__)" 2>&1 | tee "$out/versions.log"
 
+# each GRPO part starts a fresh run (these folders are this script's; a left-over checkpoint
+# would be resumed instead)
+rm -rf /tmp/polyrl-grpo-megatron /tmp/polyrl-grpo-megatron-pp /tmp/polyrl-grpo-deepspeed \
+    /tmp/polyrl-grpo-deepspeed-z3
 parts=" ${PARTS:-equivalence megatron grpo_megatron grpo_megatron_pp grpo_deepspeed grpo_deepspeed_zero3} "
 
 part() {  # part NAME SECONDS COMMAND...: run (when PARTS names it), keep the log, show its end

@@ -101,5 +101,7 @@ def test_padding_reaches_no_real_position(one_rank_model_parallel) -> None:  # n
 def test_other_attention_inputs_are_refused(one_rank_model_parallel) -> None:  # noqa: F811
     attention = _core_attention()
     query, key, value, padding = _inputs(2)
-    with pytest.raises(NotImplementedError, match="takes a mask only"):
+    with pytest.raises(ValueError, match="no attention bias"):
         attention(query, key, value, attention_mask(padding), attention_bias=torch.zeros(1))
+    with pytest.raises(ValueError, match="takes a padding mask"):
+        attention(query, key, value, None)

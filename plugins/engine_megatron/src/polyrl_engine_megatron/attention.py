@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """megatron-core's boolean mask ``[b, 1, s, s]`` from polyrl's ``[b, s]`` padding mask: True
-    where a query may NOT attend, i.e. future positions and padding keys, except its own
-    position (so that a padding query's row is not empty)."""
-    width = attention_mask.shape[1]
-    causal = torch.ones((width, width), dtype=torch.bool, device=attention_mask.device).tril()
-    allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
-    allowed |= torch.eye(width, dtype=torch.bool, device=attention_mask.device)
+def attention_mask(padding: torch.Tensor) -> torch.Tensor:
+    """megatron-core's boolean mask ``[b, 1, s, s]`` from polyrl's ``[b, s]`` padding mask (1 on
+    tokens): True where a query may NOT attend, i.e. future positions and padding keys, except
+    its own position (so that a padding query's row is not empty)."""
+    width = padding.shape[1]
+    causal = torch.ones((width, width), dtype=torch.bool, device=padding.device).tril()
+    allowed = causal.unsqueeze(0) & padding.bool().unsqueeze(1)
+    allowed |= torch.eye(width, dtype=torch.bool, device=padding.device)
     return ~allowed.unsqueeze(1)
 
 
@@ -54,16 +54,18 @@ def sdpa_core_attention() -> type:
         ) -> torch.Tensor:
             """``[s, b, heads, d]`` queries and ``[s, b, groups, d]`` keys and values in,
             ``[s, b, heads x d]`` out."""
-            if attention_bias is not None or packed_seq_params is not None:
-                raise NotImplementedError("polyrl's SDPA core attention takes a mask only")
+            if attention_mask is None or attention_bias is not None or packed_seq_params:
+                raise ValueError(
+                    "polyrl's SDPA core attention takes a padding mask (attention_mask()) and "
+                    "no attention bias or packed-sequence parameters"
+                )
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
             groups = q.shape[1] // k.shape[1]
             if groups > 1:
                 k = k.repeat_interleave(groups, dim=1)
                 v = v.repeat_interleave(groups, dim=1)
-            allowed = None if attention_mask is None else ~attention_mask
             context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.softmax_scale
+                q, k, v, attn_mask=~attention_mask, scale=self.softmax_scale
             )
             seq, batch = query.shape[0], query.shape[1]
             return context.permute(2, 0, 1, 3).reshape(seq, batch, -1)
