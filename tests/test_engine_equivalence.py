@@ -70,6 +70,7 @@ def _context(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     world: int = WORLD,
+    remove_padding: bool = True,
 ):
     """The same run config for every engine; only the strategy (and its own section) differs."""
     actor = {
@@ -91,7 +92,7 @@ def _context(
     }
     return composed_context(
         path,
-        model={"dtype": dtype},
+        model={"dtype": dtype, "use_remove_padding": remove_padding},
         actor=actor,
         plugins={"deepspeed": {"zero_stage": zero_stage}},
         device=device,
@@ -192,7 +193,7 @@ def test_weights_after_one_step_match(results: list[dict], stage: int) -> None:
 # Run on the GPU machine: ``pytest -m gpu tests/test_engine_equivalence.py``. bf16 compute with
 # float32 master weights in all three; the tolerances are bf16's (about 3 significant digits).
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-ENGINES_CUDA = ("zero1", "zero2", "zero3", "megatron")
+ENGINES_CUDA = ("zero1", "zero2", "zero3", "megatron", "megatron_padded")
 
 
 def _scenario_cuda(rank: int, world: int, path: str) -> dict:
@@ -208,7 +209,10 @@ def _scenario_cuda(rank: int, world: int, path: str) -> dict:
         out[f"zero{stage}"] = _run(
             DeepSpeedEngine(_context(rank, path, "deepspeed", stage, **cuda)), batch
         )
+    # megatron: packed rows and fused log-probs (the defaults), then padded rows
     out["megatron"] = _run(MegatronEngine(_context(rank, path, "megatron", **cuda)), batch)
+    padded = _context(rank, path, "megatron", remove_padding=False, **cuda)
+    out["megatron_padded"] = _run(MegatronEngine(padded), batch)
     return out
 
 

@@ -21,6 +21,7 @@ def megatron_context(
     pipeline_parallel: int = 1,
     dtype: str = "bfloat16",
     gradient_checkpointing: bool = False,
+    remove_padding: bool = True,
     rank: int = 0,
     world_size: int = 1,
     role: str = "actor",
@@ -36,7 +37,11 @@ def megatron_context(
     }
     return composed_context(
         model_path,
-        model={"dtype": dtype, "enable_gradient_checkpointing": gradient_checkpointing},
+        model={
+            "dtype": dtype,
+            "enable_gradient_checkpointing": gradient_checkpointing,
+            "use_remove_padding": remove_padding,
+        },
         actor=actor,
         device="cuda",
         rank=rank,

@@ -149,6 +149,40 @@ def test_log_probs_match_transformers(run) -> None:
     torch.testing.assert_close(returning[0]["log_prob"], expected, rtol=0.02, atol=0.05)
 
 
+def _float32_log_probs(rank: int, world: int, path: str, remove_padding: bool) -> torch.Tensor:
+    from polyrl_engine_megatron.engine import MegatronEngine
+
+    ctx = megatron_context(
+        path, engine=ENGINE, dtype="float32", remove_padding=remove_padding, world_size=world
+    )
+    log_prob, entropy = MegatronEngine(ctx).compute_log_prob(_batch(0), calculate_entropy=True)
+    assert entropy is not None and bool((entropy[_batch(0)["response_mask"].bool()] > 0).all())
+    return log_prob
+
+
+@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+def test_float32_log_probs_match_transformers_closely(tmp_path, remove_padding: bool) -> None:
+    """In float32 the packed row (positions restarting with each sequence, attention kept
+    inside it, fused log-probs) and the padded rows both give transformers' numbers to float32
+    rounding: a misplaced rotary position or a leak across sequences would be off by far more."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(str(tmp_path / "tiny"))
+    (log_prob,) = run_on_ranks(
+        _float32_log_probs, 1, path, remove_padding, backend="nccl", timeout_s=300
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    batch = _batch(0)
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+    ).logits[:, 5:-1]
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, batch["responses"].unsqueeze(-1))
+    expected = expected.squeeze(-1) * batch["response_mask"]
+    torch.testing.assert_close(log_prob, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_resume_is_bitwise_identical(run) -> None:
     _, _, results = run
     for rank in results:

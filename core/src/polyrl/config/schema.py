@@ -88,11 +88,13 @@ class ModelConfig:
     tokenizer_path: Any = None
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
-    # FSDP engine: each micro-batch packed into one row of real tokens (varlen attention on CUDA)
+    # FSDP, DeepSpeed and Megatron engines: each micro-batch packed into one row of real tokens
+    # (varlen attention on CUDA)
     use_remove_padding: bool = True
     # FSDP engine: Liger-Kernel's RoPE/RMSNorm/SwiGLU, when on CUDA with polyrl-engine-fsdp[cuda]
     use_liger: bool = True
-    # FSDP engine: log-probs and entropy from hidden states, without fp32 full-vocabulary logits
+    # FSDP, DeepSpeed (ZeRO-1/2) and Megatron (TP=1, packed) engines: log-probs and entropy
+    # from hidden states, without fp32 full-vocabulary logits
     use_fused_kernels: bool = True
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)

@@ -70,15 +70,35 @@ def _varlen_causal(
 def _per_sequence_sdpa(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: list[int], scale: float
 ) -> torch.Tensor:
-    """``[H, T, D]`` inputs; causal SDPA on each sequence's slice; ``[T, H, D]`` out."""
+    """``[T, H, D]`` queries, ``[T, G, D]`` keys and values; causal SDPA on each sequence's
+    slice; ``[T, H, D]`` out."""
     outputs = []
-    groups = query.shape[0] // key.shape[0]
+    groups = query.shape[1] // key.shape[1]
     for start, stop in itertools.pairwise(cu):
-        q = query[:, start:stop]
-        k = key[:, start:stop].repeat_interleave(groups, dim=0)
-        v = value[:, start:stop].repeat_interleave(groups, dim=0)
+        q = query[start:stop].transpose(0, 1)
+        k = key[start:stop].transpose(0, 1).repeat_interleave(groups, dim=0)
+        v = value[start:stop].transpose(0, 1).repeat_interleave(groups, dim=0)
         outputs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))
     return torch.cat(outputs, dim=1).transpose(0, 1)
+
+
+def causal_packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention inside each sequence of a packed row: ``[T, H, D]`` queries, ``[T, G,
+    D]`` keys and values (``G`` divides ``H``), sequence boundaries ``cu_seqlens`` ``[n + 1]``
+    (int32); ``[T, H, D]`` out. Flash varlen on CUDA in bf16/fp16, else SDPA per sequence."""
+    out = None
+    if query.is_cuda:
+        out = _varlen_causal(query, key, value, cu_seqlens, max_seqlen, scale)
+    if out is None:
+        out = _per_sequence_sdpa(query, key, value, cu_seqlens.tolist(), scale)
+    return out
 
 
 def packed_attention_forward(
@@ -107,11 +127,7 @@ def packed_attention_forward(
     if batch != 1:
         raise ValueError(f"packed attention takes one packed row, got {batch}")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-    out = None
-    if q.is_cuda:
-        out = _varlen_causal(q, k, v, cu_seq_lens_q, int(max_length_q or length), scale)
-    if out is None:
-        out = _per_sequence_sdpa(query[0], key[0], value[0], cu_seq_lens_q.tolist(), scale)
+    out = causal_packed_attention(q, k, v, cu_seq_lens_q, int(max_length_q or length), scale)
     return out.unsqueeze(0), None
 
 

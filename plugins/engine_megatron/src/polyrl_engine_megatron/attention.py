@@ -1,25 +1,40 @@
-"""The core attention of the Megatron engine's layers: megatron-core's local ``DotProductAttention``
-computed by torch's ``scaled_dot_product_attention``.
+"""The attention of the Megatron engine's layers: the rotary embedding at each token's own
+position, then megatron-core's local ``DotProductAttention`` computed by torch's fused kernels,
+over padded rows or one packed row.
 
-Why: the local layer spec (the one that needs no Transformer Engine) materialises every
-layer's ``[b, heads, s, s]`` scores, masks them and runs the softmax as separate kernels, and keeps
-the probabilities for the backward. SDPA computes the same softmax(QK^T / sqrt(d) + mask) V in
-one fused kernel (on CUDA the memory-efficient one, which takes polyrl's boolean padding mask)
-and recomputes what it needs in its backward.
+Why the rotary embedding is applied here and not by megatron-core: megatron-core's RoPE numbers
+positions ``0..s-1`` along the micro-batch's columns, and for packed sequences (its ``thd``
+format) it splits the row into its sequences and rotates each on its own, with a host sync and a
+handful of kernels per sequence and layer (a 16k-token micro-batch holds ~60 sequences). The
+engine builds the model without position embeddings and passes every token's HF position, with
+the cosines and sines computed once per micro-batch (:func:`padded_layout`,
+:func:`packed_layout`); each layer then rotates its queries and keys in two element-wise
+kernels, in float32 as the HF model does under autocast (its tables are float32).
 
-The mask is megatron-core's (True where a query may not attend). A row with no key left would
-make SDPA's softmax NaN, which then reaches the values of every query through a zero weight, so
-the engine lets each position attend to itself (:func:`attention_mask`): only padding queries
-need it, and their outputs are never read.
+Why SDPA for padded rows: the local layer spec materialises every layer's ``[b, heads, s, s]``
+scores, masks them and runs the softmax as separate kernels, and keeps the probabilities for the
+backward. SDPA computes the same softmax(QK^T / sqrt(d) + mask) V in one fused kernel and
+recomputes what it needs in its backward. The mask is megatron-core's (True where a query may
+not attend). A row with no key left would make SDPA's softmax NaN, which then reaches the values
+of every query through a zero weight, so the engine lets each position attend to itself
+(:func:`attention_mask`): only padding queries need it, and their outputs are never read.
+
+A packed row (padding-free, the micro-batch's real tokens end to end) needs no mask: the
+sequences' boundaries go to torch's variable-length flash attention, which skips every
+cross-sequence block (:func:`polyrl_engine_fsdp.packed_attention.causal_packed_attention`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from polyrl_engine_fsdp.packed_attention import causal_packed_attention
+from polyrl_engine_fsdp.packing import PackedRows
 
 
 def attention_mask(padding: torch.Tensor) -> torch.Tensor:
@@ -33,10 +48,66 @@ def attention_mask(padding: torch.Tensor) -> torch.Tensor:
     return ~allowed.unsqueeze(1)
 
 
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cosines and sines ``positions.shape + (head_dim,)`` of the HF (Llama/Qwen2)
+    rotary embedding, in its rotate-half layout (each frequency twice, halves concatenated)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (exponents / head_dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in float32, returned in ``x``'s dtype."""
+    x32 = x.float()
+    first, second = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+
+
+@cache
+def sequence_layout_class() -> type:
+    """megatron-core's ``PackedSeqParams`` with the rotary tables added (a class built on first
+    use: importing megatron-core takes seconds and needs the plugin's extra). megatron-core
+    passes it untouched to every layer's core attention; ``qkv_format="thd"`` (packed) makes it
+    squeeze the batch dimension away around the core attention."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    @dataclass
+    class SequenceLayout(PackedSeqParams):
+        rope_cos: torch.Tensor | None = None
+        rope_sin: torch.Tensor | None = None
+
+    return SequenceLayout
+
+
+def padded_layout(positions: torch.Tensor, head_dim: int, theta: float) -> Any:
+    """The layout of padded rows ``[b, s]`` with these positions (tables ``[s, b, 1, d]``, as
+    megatron-core's ``[s, b, heads, d]`` queries)."""
+    cos, sin = rotary_tables(positions.transpose(0, 1).unsqueeze(2), head_dim, theta)
+    return sequence_layout_class()(qkv_format="sbhd", rope_cos=cos, rope_sin=sin)
+
+
+def packed_layout(packed: PackedRows, head_dim: int, theta: float) -> Any:
+    """The layout of one packed row (tables ``[T, 1, d]``, as the ``[T, heads, d]`` queries)."""
+    cos, sin = rotary_tables(packed.position_ids[0].unsqueeze(1), head_dim, theta)
+    return sequence_layout_class()(
+        qkv_format="thd",
+        cu_seqlens_q=packed.cu_seqlens,
+        cu_seqlens_kv=packed.cu_seqlens,
+        max_seqlen_q=packed.max_seqlen,
+        max_seqlen_kv=packed.max_seqlen,
+        rope_cos=cos,
+        rope_sin=sin,
+    )
+
+
 @cache
 def sdpa_core_attention() -> type:
-    """``DotProductAttention`` with its forward computed by SDPA (a class built on first use:
-    importing megatron-core takes seconds and needs the plugin's extra)."""
+    """``DotProductAttention`` with the rotary embedding and its forward computed by SDPA or
+    flash varlen (a class built on first use, as :func:`sequence_layout_class`)."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     class ScaledDotProductAttention(DotProductAttention):
@@ -52,13 +123,34 @@ def sdpa_core_attention() -> type:
             attention_bias: Any = None,
             packed_seq_params: Any = None,
         ) -> torch.Tensor:
-            """``[s, b, heads, d]`` queries and ``[s, b, groups, d]`` keys and values in,
-            ``[s, b, heads x d]`` out."""
-            if attention_mask is None or attention_bias is not None or packed_seq_params:
+            """Padded: ``[s, b, heads, d]`` queries, ``[s, b, groups, d]`` keys and values, the
+            mask of :func:`attention_mask`, ``[s, b, heads x d]`` out. Packed: ``[T, heads, d]``
+            and ``[T, groups, d]``, no mask, ``[T, heads x d]`` out. Either with the layout of
+            :func:`padded_layout` or :func:`packed_layout`."""
+            layout = packed_seq_params
+            packed = layout is not None and layout.qkv_format == "thd"
+            if (
+                getattr(layout, "rope_cos", None) is None
+                or attention_bias is not None
+                or (attention_mask is None) != packed
+            ):
                 raise ValueError(
-                    "polyrl's SDPA core attention takes a padding mask (attention_mask()) and "
-                    "no attention bias or packed-sequence parameters"
+                    "polyrl's core attention takes the engine's sequence layout "
+                    "(padded_layout() with attention_mask(), or packed_layout() without a mask) "
+                    "and no attention bias"
                 )
+            query = rotate(query, layout.rope_cos, layout.rope_sin)
+            key = rotate(key, layout.rope_cos, layout.rope_sin)
+            if packed:
+                context = causal_packed_attention(
+                    query,
+                    key,
+                    value,
+                    layout.cu_seqlens_q,
+                    int(layout.max_seqlen_q),
+                    self.softmax_scale,
+                )
+                return context.reshape(context.shape[0], -1)
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
             groups = q.shape[1] // k.shape[1]
             if groups > 1:

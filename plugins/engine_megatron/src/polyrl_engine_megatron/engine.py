@@ -10,18 +10,18 @@ FSDP engine: the keys it reads, the micro-batches (by count or token budget), fl
 weights with bf16 compute, torch's AdamW with polyrl's LR schedule and grad-norm clipping, a step
 with a non-finite grad norm skipped, and the Hugging Face export. What is its own: the weights
 live in megatron-core's layout (:mod:`.convert`), the micro-batches run through megatron-core's
-schedule (:mod:`.pipeline`), the log-probs and entropy are computed without gathering the
-vocabulary (:mod:`.vocab_parallel`), and gradients are averaged over the data-parallel group
-after the last micro-batch (TP shards need no reduction: a replicated weight's gradient is
-already the same on every TP rank; a tied embedding split over the first and last stage sums its
-two gradients).
+schedule (:mod:`.pipeline`), each as one packed row or as padded rows, scored at the response
+positions only, without gathering the vocabulary (:mod:`.scoring`), and gradients are averaged
+over the data-parallel group after the last micro-batch (TP shards need no reduction: a
+replicated weight's gradient is already the same on every TP rank; a tied embedding split over
+the first and last stage sums its two gradients).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ from polyrl_engine_fsdp.microbatch import plan_micro_batches
 from polyrl_engine_fsdp.modeling import load_hf_config, torch_dtype
 from polyrl_engine_fsdp.runtime import join_default_group, seed_everything
 from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
-from polyrl_engine_fsdp.scoring import MODEL_KEYS, model_inputs, pad_to_response
+from polyrl_engine_fsdp.scoring import MODEL_KEYS
 from polyrl_engine_fsdp.training import (
     EntropyMean,
     StepPeakMemory,
@@ -52,7 +52,6 @@ from polyrl_engine_fsdp.training import (
     require_trainable,
 )
 from polyrl_engine_megatron import checkpoint as mckpt
-from polyrl_engine_megatron.attention import attention_mask
 from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
 from polyrl_engine_megatron.convert import (
     GPTShape,
@@ -64,7 +63,9 @@ from polyrl_engine_megatron.convert import (
 )
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
-from polyrl_engine_megatron.vocab_parallel import vocab_parallel_logprob_entropy
+from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+
+log = logging.getLogger(__name__)
 
 # What a loss function run on a micro-batch's scores returns: the loss and what to record
 ScoredLoss = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, Any]]
@@ -149,6 +150,14 @@ class MegatronEngine(TrainingEngine):
             self.model, stages, self.pp_rank, self.pp_group, self.device
         )
         self.compute_dtype = torch_dtype(self.settings.dtype)
+        paths = ScoringPaths.choose(
+            remove_padding=self.settings.remove_padding,
+            fused_log_prob=self.settings.fused_log_prob,
+            torch_compile=self.settings.torch_compile,
+            tp=self.tp,
+        )
+        log.info("megatron engine scoring paths: %s", paths)
+        self.scorer = Scorer(self.shape, paths, self.compute_dtype, self.tp_group, self.device)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -176,35 +185,24 @@ class MegatronEngine(TrainingEngine):
         self, temperature: float, entropy: EntropyMode, scored_loss: ScoredLoss
     ) -> Callable[[Iterator[Batch], Any], tuple[torch.Tensor, Callable]]:
         """megatron-core's ``forward_step_func``: the next micro-batch through this stage, and
-        the loss function the last stage runs on its logits (log-probs and entropy ``[b, R]``,
+        the loss function the last stage runs on its scores (log-probs and entropy ``[b, R]``,
         zero on padding, then ``scored_loss``)."""
 
         def step(micros: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Callable]:
             micro = next(micros)
-            trimmed, _, response_attention = model_inputs(micro, self.device)
-            kept = trimmed.kept_response
             with torch.autocast(
                 "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
             ):
-                output = model(
-                    trimmed.input_ids,
-                    trimmed.position_ids,
-                    attention_mask(trimmed.attention_mask),
-                    output_processor=partial(_response_logits, kept=kept),
+                output, to_response = self.scorer.forward(
+                    model, micro, temperature=temperature, entropy=entropy
                 )
 
-            def loss(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
-                log_prob, ent = vocab_parallel_logprob_entropy(
-                    logits,
-                    trimmed.labels,
-                    vocab_size=self.shape.vocab_size,
-                    temperature=temperature,
-                    entropy=entropy,
-                    group=self.tp_group,
-                )
-                log_prob, ent = pad_to_response(log_prob, ent, response_attention, kept)
+            def loss(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+                log_prob, ent = to_response(scores)
                 value, record = scored_loss(micro, log_prob, ent)
-                tokens = response_attention.sum().to(device=self.device, dtype=torch.int)
+                response_width = micro["responses"].shape[1]
+                real = micro["attention_mask"][:, -response_width:]
+                tokens = real.sum().to(device=self.device, dtype=torch.int)
                 return value, tokens, record
 
             # the activation sent to the next stage in pipeline_dtype (float32)
@@ -376,12 +374,3 @@ class MegatronEngine(TrainingEngine):
         )
         del state
         dist.barrier()
-
-
-def _response_logits(
-    hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, *, kept: int, **_: Any
-) -> torch.Tensor:
-    """megatron-core's ``output_processor`` on the last stage: logits only where a response
-    token is predicted, ``[b, kept, V/tp]``."""
-    logits, _ = output_layer(hidden_states[-(kept + 1) : -1], weight=output_weight)
-    return logits.transpose(0, 1)

@@ -5,7 +5,9 @@ apex). Its parameters are float32, the master weights the optimizer updates; the
 under ``torch.autocast`` in ``actor_rollout_ref.model.dtype``, which is how the FSDP engine's
 mixed precision computes too (bf16 matmuls, float32 weights and reductions). Dropout is off (RL
 fine-tuning scores exact log-probs) and every kernel fusion that needs apex or a fixed mask is
-off; the core attention is torch's SDPA under polyrl's padding mask (:mod:`.attention`).
+off. The model has no position embedding of its own: the core attention (:mod:`.attention`)
+rotates queries and keys at each token's HF position and runs torch's SDPA under polyrl's
+padding mask, or flash varlen attention over a packed row.
 
 With pipeline parallelism each stage builds its run of layers (``pre_process`` on the first,
 ``post_process`` on the last) and the activations passed between stages are float32: the
@@ -126,8 +128,8 @@ def build_gpt_model(
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=int(hf_config.max_position_embeddings),
         share_embeddings_and_output_weights=shape.tied,
-        position_embedding_type="rope",
-        rotary_base=int(shape.rope_theta),
+        # the rotary embedding is applied by the core attention, at the HF positions
+        position_embedding_type="none",
         parallel_output=True,
         pre_process=stage.is_first,
         post_process=stage.is_last,

@@ -1,0 +1,146 @@
+"""How a micro-batch goes through the Megatron model and how its response scores come back.
+
+Two layouts, chosen once per engine (:class:`ScoringPaths`): padded rows (the micro-batch
+without its all-padding columns, under a padding mask), or one packed row
+(``actor_rollout_ref.model.use_remove_padding``, the default): the real tokens end to end,
+attention kept inside each sequence (:mod:`.attention`), so a micro-batch costs its real tokens
+and no quadratic mask.
+
+The last stage scores only the positions that predict a response token (megatron-core's
+``output_processor`` hook receives the final hidden states). With one tensor-parallel rank and
+``actor_rollout_ref.model.use_fused_kernels`` on a packed row, the log-probs and entropy come
+from the hidden states and the output embedding through the FSDP engine's
+:func:`~polyrl_engine_fsdp.fused_logprob.linear_log_prob` (bf16 logits, float32 statistics a
+chunk at a time, no float32 ``[tokens, vocab]`` tensor); otherwise the output layer writes this
+rank's vocabulary slice of the logits and :mod:`.vocab_parallel` scores them. The hook returns
+the scores as one tensor, ``[1 or 2, ...]`` (log-probs, then the entropy when asked for), which
+megatron-core hands to the loss function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from polyrl.batch import Batch
+from polyrl_engine_fsdp.fused_logprob import linear_log_prob
+from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.packing import pack_rows, unpack
+from polyrl_engine_fsdp.scoring import model_inputs, pad_to_response
+from polyrl_engine_megatron.attention import attention_mask, packed_layout, padded_layout
+from polyrl_engine_megatron.convert import GPTShape
+from polyrl_engine_megatron.vocab_parallel import vocab_parallel_logprob_entropy
+
+# The last stage's output back to [b, R] log-probs and entropy, zero on padding
+ToResponse = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class ScoringPaths:
+    packed: bool  # each micro-batch one packed row (use_remove_padding)
+    fused: bool  # log-probs by linear_log_prob (use_fused_kernels, packed, TP = 1)
+    compiled: bool  # the fused log-probs' statistics through torch.compile (use_torch_compile)
+
+    @classmethod
+    def choose(
+        cls, *, remove_padding: bool, fused_log_prob: bool, torch_compile: bool, tp: int
+    ) -> ScoringPaths:
+        """The fused log-probs need the whole vocabulary on one rank (TP = 1) and a packed row."""
+        fused = remove_padding and fused_log_prob and tp == 1
+        return cls(packed=remove_padding, fused=fused, compiled=fused and torch_compile)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """What scoring a micro-batch needs besides the micro-batch."""
+
+    shape: GPTShape
+    paths: ScoringPaths
+    compute_dtype: torch.dtype
+    tp_group: Any
+    device: torch.device
+
+    def forward(
+        self, model: Any, micro: Batch, *, temperature: float, entropy: EntropyMode
+    ) -> tuple[torch.Tensor, ToResponse]:
+        """``micro`` through this rank's stage (call under the compute dtype's autocast): the
+        stage's output (the activation for the next stage, or the last stage's scores), and the
+        function that turns the last stage's scores into ``[b, R]``."""
+        width = micro["responses"].shape[1]
+        if self.paths.packed:
+            ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
+            packed = pack_rows(ids, mask, width)
+            layout = packed_layout(packed, self.shape.head_dim, self.shape.rope_theta)
+            inputs = (packed.input_ids, packed.position_ids, None)
+            labels = packed.labels
+
+            def select(hidden: torch.Tensor) -> torch.Tensor:
+                return hidden[packed.score_index, 0]  # [M, hidden]
+
+            def to_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                ent = unpack(scores[1], packed) if len(scores) > 1 else None
+                return unpack(scores[0], packed), ent
+
+        else:
+            trimmed, _, response_attention = model_inputs(micro, self.device)
+            kept = trimmed.kept_response
+            layout = padded_layout(trimmed.position_ids, self.shape.head_dim, self.shape.rope_theta)
+            inputs = (
+                trimmed.input_ids,
+                trimmed.position_ids,
+                attention_mask(trimmed.attention_mask),
+            )
+            labels = trimmed.labels
+
+            def select(hidden: torch.Tensor) -> torch.Tensor:
+                return hidden[-(kept + 1) : -1].transpose(0, 1)  # [b, kept, hidden]
+
+            def to_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                ent = scores[1] if len(scores) > 1 else None
+                return pad_to_response(scores[0], ent, response_attention, kept)
+
+        def score(
+            hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, **_: Any
+        ) -> torch.Tensor:
+            log_prob, ent = self._score(
+                select(hidden_states), output_layer, output_weight, labels, temperature, entropy
+            )
+            return log_prob.unsqueeze(0) if ent is None else torch.stack((log_prob, ent))
+
+        output = model(*inputs, packed_seq_params=layout, output_processor=score)
+        return output, to_response
+
+    def _score(
+        self,
+        hidden: torch.Tensor,
+        output_layer: Any,
+        output_weight: Any,
+        labels: torch.Tensor,
+        temperature: float,
+        entropy: EntropyMode,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.paths.fused:
+            weight = output_layer.weight if output_weight is None else output_weight
+            log_prob, ent = linear_log_prob(
+                hidden.to(self.compute_dtype),
+                weight,
+                labels,
+                temperature,
+                with_entropy=entropy != EntropyMode.NONE,
+                compiled=self.paths.compiled,
+            )
+            if ent is not None and entropy == EntropyMode.DETACHED:
+                ent = ent.detach()
+            return log_prob, ent
+        logits, _ = output_layer(hidden, weight=output_weight)
+        return vocab_parallel_logprob_entropy(
+            logits,
+            labels,
+            vocab_size=self.shape.vocab_size,
+            temperature=temperature,
+            entropy=entropy,
+            group=self.tp_group,
+        )

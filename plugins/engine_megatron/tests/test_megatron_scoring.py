@@ -1,0 +1,33 @@
+"""Which scoring path the Megatron engine takes for which keys: the fused log-probs need the
+whole vocabulary on one rank and a packed row; everything else scores the logits of this rank's
+vocabulary slice. (The paths' numbers are checked on the GPU: tests/test_engine_equivalence.py
+and test_megatron_cuda.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from polyrl_engine_megatron.scoring import ScoringPaths
+
+# (use_remove_padding, use_fused_kernels, use_torch_compile, TP) -> (packed, fused, compiled)
+CASES = [
+    ((True, True, True, 1), (True, True, True)),  # the defaults on one TP rank
+    ((True, True, False, 1), (True, True, False)),
+    ((True, True, True, 2), (True, False, False)),  # the vocabulary is split
+    ((False, True, True, 1), (False, False, False)),  # padded rows
+    ((True, False, True, 1), (True, False, False)),  # fused kernels off
+]
+
+
+@pytest.mark.parametrize(("keys", "expected"), CASES)
+def test_fused_log_probs_only_on_a_packed_row_with_the_whole_vocabulary(
+    keys: tuple[bool, bool, bool, int], expected: tuple[bool, bool, bool]
+) -> None:
+    remove_padding, fused_log_prob, torch_compile, tp = keys
+    paths = ScoringPaths.choose(
+        remove_padding=remove_padding,
+        fused_log_prob=fused_log_prob,
+        torch_compile=torch_compile,
+        tp=tp,
+    )
+    assert (paths.packed, paths.fused, paths.compiled) == expected
