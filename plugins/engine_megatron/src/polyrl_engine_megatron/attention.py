@@ -60,11 +60,22 @@ def rotary_tables(
     return angles.cos(), angles.sin()
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` in float32, returned in ``x``'s dtype."""
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in float32, returned in ``dtype`` (``x``'s by
+    default)."""
     x32 = x.float()
     first, second = x32.chunk(2, dim=-1)
-    return (x32 * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+    return (x32 * cos + torch.cat((-second, first), dim=-1) * sin).to(dtype or x.dtype)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention runs in: autocast's where it is on (megatron-core's local layers
+    hand the core attention float32 queries under a bf16 autocast, and neither flash varlen nor
+    autocast itself would turn them to bf16), else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 @cache
@@ -139,8 +150,10 @@ def sdpa_core_attention() -> type:
                     "(padded_layout() with attention_mask(), or packed_layout() without a mask) "
                     "and no attention bias"
                 )
-            query = rotate(query, layout.rope_cos, layout.rope_sin)
-            key = rotate(key, layout.rope_cos, layout.rope_sin)
+            dtype = compute_dtype(query)
+            query = rotate(query, layout.rope_cos, layout.rope_sin, dtype)
+            key = rotate(key, layout.rope_cos, layout.rope_sin, dtype)
+            value = value.to(dtype)
             if packed:
                 context = causal_packed_attention(
                     query,
