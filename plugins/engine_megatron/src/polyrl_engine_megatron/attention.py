@@ -71,9 +71,10 @@ def rotate(
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype attention runs in: autocast's where it is on (megatron-core's local layers
-    hand the core attention float32 queries under a bf16 autocast, and neither flash varlen nor
-    autocast itself would turn them to bf16), else ``x``'s."""
+    """The dtype attention runs in: autocast's where it is on, else ``x``'s. Measured on the
+    H200: under a bf16 autocast the queries reach megatron-core's core attention in float32,
+    and flash varlen takes no float32 (every packed sequence then ran SDPA's math kernel with
+    float32 GEMMs: 7.4 s instead of 0.92 s for the 0.5B update)."""
     device = x.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
