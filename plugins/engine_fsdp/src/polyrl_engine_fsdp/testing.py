@@ -89,3 +89,26 @@ def ragged_batch(
             "response_mask": mask[:, prompt_width:].clone(),
         }
     )
+
+
+def record_stepped_gradients(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A dict that each ``optimizer.step()`` fills with this rank's copy (its shard, for FSDP2's
+    DTensors) of every gradient it steps on, by parameter name, after clipping.
+
+    Two paths that should give the same step are compared here rather than by their weights
+    after AdamW: its first update ``lr * g / (|g| + eps)`` turns a rounding-level difference in
+    a near-zero gradient into one of up to ``2 * lr`` in the weight.
+    """
+    names = {id(param): name for name, param in model.named_parameters()}
+    stepped: dict[str, torch.Tensor] = {}
+
+    def record(opt: torch.optim.Optimizer, *_: Any) -> None:
+        for group in opt.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    grad = param.grad
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    stepped[names[id(param)]] = local.detach().float().cpu().clone()
+
+    optimizer.register_step_pre_hook(record)
+    return stepped
