@@ -222,8 +222,19 @@ def _scenario_split(rank: int, world: int, path: str, split: str) -> dict:
     driver gives it to model-parallel peers."""
     from polyrl_engine_megatron.engine import MegatronEngine
 
-    sizes = {"tensor_parallel": 2} if split == "tp2" else {"pipeline_parallel": 2}
-    ctx = _context(rank, path, "megatron", device="cuda", dtype="bfloat16", world=world, **sizes)
+    sizes = {"pipeline_parallel": 2} if split == "pp2" else {"tensor_parallel": 2}
+    # tp2: packed rows, vocab-parallel fused log-probs; tp2_padded: the output layer's logits
+    remove_padding = split != "tp2_padded"
+    ctx = _context(
+        rank,
+        path,
+        "megatron",
+        device="cuda",
+        dtype="bfloat16",
+        world=world,
+        remove_padding=remove_padding,
+        **sizes,
+    )
     engine = MegatronEngine(ctx)
     out = _run(engine, _batch())
     out["mesh"] = engine.data_parallel_rank()
@@ -268,7 +279,7 @@ def test_cuda_bf16_engines_match_fsdp2(cuda_results: dict, engine: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-@pytest.mark.parametrize("split", ["tp2", "pp2"])
+@pytest.mark.parametrize("split", ["tp2", "tp2_padded", "pp2"])
 def test_cuda_megatron_split_matches_fsdp2(cuda_results: dict, tmp_path, split: str) -> None:
     """The output comes from the first TP rank (TP=2) or the last stage (PP=2), whose loss
     metrics are the step's; every rank streams the whole model and reports the global grad
@@ -276,7 +287,7 @@ def test_cuda_megatron_split_matches_fsdp2(cuda_results: dict, tmp_path, split: 
     path = _model(str(tmp_path / "tiny"))
     results = run_on_ranks(_scenario_split, 2, path, split, backend="nccl", timeout_s=600)
     returning = [r["mesh"].returns_output for r in results]
-    assert returning == ([True, False] if split == "tp2" else [False, True])
+    assert returning == ([False, True] if split == "pp2" else [True, False])
     assert {(r["mesh"].dp_rank, r["mesh"].dp_size) for r in results} == {(0, 1)}
     reference = cuda_results["fsdp2"]
     _assert_bf16_close(results[returning.index(True)], reference)

@@ -93,8 +93,8 @@ class ModelConfig:
     use_remove_padding: bool = True
     # FSDP engine: Liger-Kernel's RoPE/RMSNorm/SwiGLU, when on CUDA with polyrl-engine-fsdp[cuda]
     use_liger: bool = True
-    # FSDP, DeepSpeed (ZeRO-1/2) and Megatron (TP=1, packed) engines: log-probs and entropy
-    # from hidden states, without fp32 full-vocabulary logits
+    # FSDP, DeepSpeed (ZeRO-1/2) and Megatron (packed rows; vocab-parallel with TP > 1)
+    # engines: log-probs and entropy from hidden states, without fp32 full-vocabulary logits
     use_fused_kernels: bool = True
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)

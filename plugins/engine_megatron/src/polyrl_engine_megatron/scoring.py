@@ -7,11 +7,13 @@ attention kept inside each sequence (:mod:`.attention`), so a micro-batch costs 
 and no quadratic mask.
 
 The last stage scores only the positions that predict a response token (megatron-core's
-``output_processor`` hook receives the final hidden states). With one tensor-parallel rank and
+``output_processor`` hook receives the final hidden states). With
 ``actor_rollout_ref.model.use_fused_kernels`` on a packed row, the log-probs and entropy come
-from the hidden states and the output embedding through the FSDP engine's
-:func:`~polyrl_engine_fsdp.fused_logprob.linear_log_prob` (bf16 logits, float32 statistics a
-chunk at a time, no float32 ``[tokens, vocab]`` tensor); otherwise the output layer writes this
+from the hidden states and the output embedding without a float32 ``[tokens, vocab]`` tensor
+(bf16 logits, float32 statistics a chunk at a time): on one tensor-parallel rank through the
+FSDP engine's :func:`~polyrl_engine_fsdp.fused_logprob.linear_log_prob` (its statistics
+compiled), with the vocabulary split through
+:func:`~.vocab_parallel.vocab_parallel_linear_log_prob`. Otherwise the output layer writes this
 rank's vocabulary slice of the logits and :mod:`.vocab_parallel` scores them. The hook returns
 the scores as one tensor, ``[1 or 2, ...]`` (log-probs, then the entropy when asked for), which
 megatron-core hands to the loss function.
@@ -32,7 +34,10 @@ from polyrl_engine_fsdp.packing import pack_rows, unpack
 from polyrl_engine_fsdp.scoring import model_inputs, pad_to_response
 from polyrl_engine_megatron.attention import attention_mask, packed_layout, padded_layout
 from polyrl_engine_megatron.convert import GPTShape
-from polyrl_engine_megatron.vocab_parallel import vocab_parallel_logprob_entropy
+from polyrl_engine_megatron.vocab_parallel import (
+    vocab_parallel_linear_log_prob,
+    vocab_parallel_logprob_entropy,
+)
 
 # The last stage's output back to [b, R] log-probs and entropy, zero on padding
 ToResponse = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
@@ -41,16 +46,22 @@ ToResponse = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 @dataclass(frozen=True)
 class ScoringPaths:
     packed: bool  # each micro-batch one packed row (use_remove_padding)
-    fused: bool  # log-probs by linear_log_prob (use_fused_kernels, packed, TP = 1)
-    compiled: bool  # the fused log-probs' statistics through torch.compile (use_torch_compile)
+    fused: bool  # log-probs from the hidden states (use_fused_kernels, packed)
+    vocab_split: bool  # the output embedding's rows split over TP ranks (TP > 1)
+    compiled: bool  # the fused one-rank statistics through torch.compile (use_torch_compile)
 
     @classmethod
     def choose(
         cls, *, remove_padding: bool, fused_log_prob: bool, torch_compile: bool, tp: int
     ) -> ScoringPaths:
-        """The fused log-probs need the whole vocabulary on one rank (TP = 1) and a packed row."""
-        fused = remove_padding and fused_log_prob and tp == 1
-        return cls(packed=remove_padding, fused=fused, compiled=fused and torch_compile)
+        """The fused log-probs take a packed row; only the one-rank kernels are compiled."""
+        fused = remove_padding and fused_log_prob
+        return cls(
+            packed=remove_padding,
+            fused=fused,
+            vocab_split=tp > 1,
+            compiled=fused and torch_compile and tp == 1,
+        )
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,16 @@ class Scorer:
         temperature: float,
         entropy: EntropyMode,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.paths.fused and self.paths.vocab_split:
+            return vocab_parallel_linear_log_prob(
+                hidden.to(self.compute_dtype),
+                output_layer.weight if output_weight is None else output_weight,
+                labels,
+                vocab_size=self.shape.vocab_size,
+                temperature=temperature,
+                entropy=entropy,
+                group=self.tp_group,
+            )
         if self.paths.fused:
             weight = output_layer.weight if output_weight is None else output_weight
             log_prob, ent = linear_log_prob(
