@@ -97,10 +97,11 @@ def _linear_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _fused_scenario(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
+    from polyrl_engine_fsdp import fused_logprob
     from polyrl_engine_megatron import vocab_parallel
 
-    # two or three tokens per chunk on each rank: the statistics and gradient span chunks
-    vocab_parallel._CHUNK_ELEMENTS = 3 * (PADDED // world)
+    # three tokens per chunk on each rank: the statistics and gradient span chunks
+    fused_logprob._CHUNK_ELEMENTS = 3 * (PADDED // world)
     hidden, weight, labels = _linear_inputs()
     width = PADDED // world
     hidden = hidden.requires_grad_(True)

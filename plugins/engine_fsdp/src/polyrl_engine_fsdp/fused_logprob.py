@@ -30,7 +30,8 @@ from polyrl_engine_fsdp.compiling import compiled_on_cuda
 _CHUNK_ELEMENTS = 1 << 26
 
 
-def _chunks(tokens: int, vocab: int) -> list[slice]:
+def token_chunks(tokens: int, vocab: int) -> list[slice]:
+    """Slices of ``tokens`` rows whose ``[rows, vocab]`` float32 statistics fit one chunk."""
     per_chunk = max(1, _CHUNK_ELEMENTS // max(1, vocab))
     return [slice(start, min(start + per_chunk, tokens)) for start in range(0, tokens, per_chunk)]
 
@@ -92,7 +93,7 @@ class _LinearLogProb(torch.autograd.Function):
         lse = logits.new_empty(tokens, dtype=torch.float32)
         log_prob = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
-        for rows in _chunks(tokens, vocab):
+        for rows in token_chunks(tokens, vocab):
             lse[rows], log_prob[rows], ent = statistics(
                 logits[rows], labels[rows], temperature, with_entropy
             )
@@ -117,7 +118,7 @@ class _LinearLogProb(torch.autograd.Function):
         # The saved logits are ours alone (never returned): each chunk is overwritten with its
         # gradient, so backward needs no second [tokens, vocab] buffer.
         logits_grad = _logits_grad if ctx.compiled else _logits_grad.__wrapped__
-        for rows in _chunks(*logits.shape):
+        for rows in token_chunks(*logits.shape):
             logits[rows] = logits_grad(
                 logits[rows],
                 labels[rows],

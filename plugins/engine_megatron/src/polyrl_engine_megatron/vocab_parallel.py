@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from polyrl_engine_fsdp.fused_logprob import token_chunks
 from polyrl_engine_fsdp.logprob import EntropyMode
 
 
@@ -89,15 +90,6 @@ def _entropy(
     return log_z - _reduce((exp * shifted).sum(dim=-1), group) / log_z.exp()
 
 
-# Float32 elements per chunk of the softmax statistics (as the one-rank fused path): 256 MiB.
-_CHUNK_ELEMENTS = 1 << 26
-
-
-def _chunks(tokens: int, width: int) -> list[slice]:
-    per_chunk = max(1, _CHUNK_ELEMENTS // max(1, width))
-    return [slice(start, min(start + per_chunk, tokens)) for start in range(0, tokens, per_chunk)]
-
-
 class _VocabParallelLinearLogProb(torch.autograd.Function):
     """Forward: this rank's logits ``hidden @ weight.T`` in the compute dtype; per chunk of
     tokens the float32 maximum, then (one all-reduce of the maxima) ``S = sum exp(z - max)``,
@@ -130,11 +122,11 @@ class _VocabParallelLinearLogProb(torch.autograd.Function):
         here = (local >= 0) & (local < real)
         local = local.clamp(0, real - 1).unsqueeze(-1)
         top = logits.new_empty(tokens, dtype=torch.float32)
-        for rows in _chunks(tokens, real):
+        for rows in token_chunks(tokens, real):
             top[rows] = logits[rows, :real].float().max(dim=-1).values / temperature
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
         sums = top.new_zeros(3, tokens)  # S, the label's shifted logit, sum exp * shifted
-        for rows in _chunks(tokens, real):
+        for rows in token_chunks(tokens, real):
             shifted = logits[rows, :real].float() / temperature - top[rows].unsqueeze(-1)
             exp = shifted.exp()
             sums[0, rows] = exp.sum(dim=-1)
@@ -158,7 +150,7 @@ class _VocabParallelLinearLogProb(torch.autograd.Function):
         real, temperature = ctx.real, ctx.temperature
         with_entropy = grad_entropy is not None and entropy.numel() > 0
         # Saved logits are ours alone (never returned): each chunk becomes its gradient.
-        for rows in _chunks(*logits.shape):
+        for rows in token_chunks(*logits.shape):
             log_p = logits[rows, :real].float() / temperature - lse[rows].unsqueeze(-1)
             p = log_p.exp()
             grad = torch.zeros_like(p)
