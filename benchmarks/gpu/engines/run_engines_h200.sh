@@ -3,7 +3,7 @@
 # after `. .device/setup.sh` (the bundle carries deepspeed 0.19.8 and megatron-core 0.19.2):
 #   bash benchmarks/gpu/engines/run_engines_h200.sh
 # 1. cross-engine equivalence in bf16: fsdp2, deepspeed ZeRO-1/2/3 and megatron on 1 GPU, and
-#    megatron with TP=2 and with PP=2 on 2 GPUs (tests/test_engine_equivalence.py, `gpu` tests);
+#    megatron with TP=2 (packed and padded) and with PP=2 on 2 GPUs (tests/test_engine_equivalence.py, `gpu` tests);
 # 2. the Megatron engine's own GPU tests (conformance suite; TP and PP over all GPUs: weight
 #    streaming, log-probs, resume, export);
 # 3. short GRPO runs of `polyrl train recipe=tiny` with strategy=megatron: TP over all GPUs, then
@@ -38,7 +38,7 @@ part() {  # part NAME SECONDS COMMAND...: run (when PARTS names it), keep the lo
     tail -n 15 "$out/$name.log"
 }
 
-part equivalence 170 python3 -m pytest -m gpu -rA -q -p no:cacheprovider \
+part equivalence 230 python3 -m pytest -m gpu -rA -q -p no:cacheprovider \
     tests/test_engine_equivalence.py
 part megatron "${MEGATRON_S:-200}" python3 -m pytest -rA -q -p no:cacheprovider \
     plugins/engine_megatron/tests/test_megatron_conformance.py \
