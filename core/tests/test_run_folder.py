@@ -123,3 +123,23 @@ def test_config_changes_put_run_defining_ones_first_and_ignore_bookkeeping() -> 
         "actor_rollout_ref.actor.optim.lr: 1e-06 -> 2e-06",
     ]
     assert config_changes(saved, saved) == []
+
+
+def test_a_stop_that_outlasts_its_grace_exits_with_the_folder_unlocked(tmp_path: Path) -> None:
+    """The stop deadline ends the process with ``os._exit`` (no ``finally`` runs): the run lock
+    is released first, so the next run into the folder does not meet a held lock."""
+    script = (
+        "import time\n"
+        "from polyrl import cli\n"
+        "from polyrl.checkpoint import RunLock\n"
+        f"RunLock({str(tmp_path)!r}).acquire()\n"
+        "cli.STOP_GRACE_S = 0.5\n"
+        "cli._arm_stop_deadline('SIGTERM', 143)\n"
+        "time.sleep(60)  # a shutdown that never returns\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ended.returncode == 143, ended.stderr
+    assert ended.stderr.strip().startswith("polyrl: stopped by SIGTERM; shutting the workers")
+    assert not (tmp_path / LOCK_FILE).exists()

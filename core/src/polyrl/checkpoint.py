@@ -45,7 +45,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from polyrl.errors import ConfigError
 from polyrl.fsutil import atomic_write_text, fsync_path
@@ -238,6 +238,9 @@ class RunLock:
     to clear it.
     """
 
+    #: The locks this process holds, for :func:`release_held_run_locks`.
+    _held: ClassVar[set[RunLock]] = set()
+
     def __init__(self, root_dir: str) -> None:
         self.path = os.path.join(os.path.abspath(os.path.expanduser(root_dir)), LOCK_FILE)
         self.held = False
@@ -256,6 +259,7 @@ class RunLock:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(record, fh)
             self.held = True
+            RunLock._held.add(self)
             return
         raise ConfigError(f"could not take the run lock {self.path}: another run took it first")
 
@@ -281,8 +285,16 @@ class RunLock:
     def release(self) -> None:
         if self.held:
             self.held = False
+            RunLock._held.discard(self)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+def release_held_run_locks() -> None:
+    """Release every run lock of this process: for an exit that skips ``finally`` blocks (the
+    stop deadline's ``os._exit``), so that the folder is not left locked by a gone run."""
+    for lock in list(RunLock._held):
+        lock.release()
 
 
 # ---- the manager -------------------------------------------------------------------------------

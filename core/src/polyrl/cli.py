@@ -257,10 +257,13 @@ STOP_GRACE_S = 45.0
 def _arm_stop_deadline(name: str, code: int) -> None:
     """End the process ``STOP_GRACE_S`` after a stop signal if unwinding has not by then (a
     shutdown waiting on a worker call that never returns). Checkpoints are unaffected: they are
-    complete or staged, and a stale run lock is taken over by the next run."""
+    complete or staged, and the run lock is released first."""
 
     def expire() -> None:
+        from polyrl.checkpoint import release_held_run_locks
+
         time.sleep(STOP_GRACE_S)
+        release_held_run_locks()
         print(
             f"polyrl: stopped by {name}; shutting the workers down took over "
             f"{STOP_GRACE_S:.0f} s, exiting without waiting. Checkpoints written so far are "

@@ -27,6 +27,7 @@ from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.workers.group import SPMDGroup, WorkerError
 from polyrl.workers.nodes import alive_nodes, check_nodes_available, placed_nodes, plan_nodes
+from polyrl.workers.stop_signals import stop_signals_deferred
 
 __all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
 
@@ -322,10 +323,11 @@ class WorkerGroup(SPMDGroup):
                 stored[id(arg)] = ray.put(arg)
             return stored[id(arg)]
 
-        refs = [
-            getattr(worker, method).remote(*(once(a) for a in args))
-            for worker, args in zip(self.workers, per_rank_args)
-        ]
+        with stop_signals_deferred():  # every rank gets the call, or none
+            refs = [
+                getattr(worker, method).remote(*(once(a) for a in args))
+                for worker, args in zip(self.workers, per_rank_args)
+            ]
         return self._wait(refs, what or method, timeout_s)
 
     def _wait(self, refs: list[Any], what: str, timeout_s: float | None) -> list[Any]:
