@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from polyrl_engine_fsdp.compiling import compiled_on_cuda
+from polyrl_engine_fsdp.logprob import check_temperature
 
 # Float32 elements per chunk of the softmax statistics: 2**26 floats = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 26
@@ -147,11 +148,7 @@ def linear_log_prob(
     ``hidden``: ``[M, H]``, ``weight``: ``[V, H]`` (an output embedding without bias),
     ``labels``: ``[M]``. Returns float32 ``[M]`` tensors; both carry grad when the inputs do.
     """
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0 to score tokens (got {temperature}); greedy decoding "
-            f"corresponds to no temperature scaling, pass 1.0"
-        )
+    check_temperature(temperature)
     log_prob, entropy = _LinearLogProb.apply(
         hidden, weight.to(hidden.dtype), labels.long(), float(temperature), with_entropy, compiled
     )

@@ -25,6 +25,15 @@ class EntropyMode(str, Enum):
     DETACHED = "detached"
 
 
+def check_temperature(temperature: float) -> None:
+    """Scoring divides the logits by the sampling temperature: it must be positive."""
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0 to score tokens (got {temperature}); greedy decoding "
+            f"corresponds to no temperature scaling, pass 1.0"
+        )
+
+
 def _scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     scaled = logits.float()
     if temperature != 1.0:
@@ -47,11 +56,7 @@ def token_logprob_entropy(
     ``logits``: ``[b, r, V]`` (any float dtype), ``labels``: ``[b, r]``. Returns float32
     ``[b, r]`` tensors; entropy is ``None`` for :attr:`EntropyMode.NONE`.
     """
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0 to score tokens (got {temperature}); greedy decoding "
-            f"corresponds to no temperature scaling, pass 1.0"
-        )
+    check_temperature(temperature)
     index = labels.long().unsqueeze(-1)
     if not torch.is_grad_enabled():
         return _chunked_no_grad(logits, index, temperature, entropy != EntropyMode.NONE)

@@ -26,21 +26,13 @@ import torch
 import torch.distributed as dist
 
 from polyrl_engine_fsdp.fused_logprob import token_chunks
-from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_fsdp.logprob import EntropyMode, check_temperature
 
 
 def _reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
 
     return reduce_from_tensor_model_parallel_region(tensor, group=group)
-
-
-def _check_temperature(temperature: float) -> None:
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0 to score tokens (got {temperature}); greedy decoding "
-            f"corresponds to no temperature scaling, pass 1.0"
-        )
 
 
 def vocab_parallel_logprob_entropy(
@@ -56,7 +48,7 @@ def vocab_parallel_logprob_entropy(
     :attr:`EntropyMode.NONE`, the entropy of the distribution (with grad for
     :attr:`EntropyMode.GRAD`). ``logits``: this rank's ``[b, r, V/tp]`` slice; ``vocab_size``:
     the real vocabulary (the padded tail is ignored)."""
-    _check_temperature(temperature)
+    check_temperature(temperature)
     rank, width = dist.get_rank(group), logits.shape[-1]
     start = rank * width
     real = min(width, vocab_size - start)  # the padding (< tp rows) never fills a whole slice
@@ -185,7 +177,7 @@ def vocab_parallel_linear_log_prob(
     ``weight`` this rank's ``[V/tp, H]`` rows of it (padded to a multiple of TP;
     ``vocab_size``: the real vocabulary). ``hidden``: ``[M, H]``, the same on every rank of
     ``group``; the logits stay in its dtype. Every rank returns the same values."""
-    _check_temperature(temperature)
+    check_temperature(temperature)
     with_entropy = entropy != EntropyMode.NONE
     log_prob, ent = _VocabParallelLinearLogProb.apply(
         hidden,
