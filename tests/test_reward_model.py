@@ -23,7 +23,7 @@ from polyrl.data.preference import PreferencePair, collate_pairs
 from polyrl.errors import ConfigError
 from polyrl.models.resolve import resolve_model_path
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
-from polyrl.step.algorithm import build_pipeline
+from polyrl.plan import build_pipeline
 from polyrl.step.pipeline import StepState
 from polyrl.step.reward_model import RewardModelStage
 from polyrl.workers.roles.base import RoleContext

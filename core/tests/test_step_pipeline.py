@@ -10,7 +10,7 @@ from polyrl.errors import ConfigError
 from polyrl.registry import PluginNotFoundError
 from polyrl.specs import AlgorithmSpec, PluginKind
 from polyrl.step import PROMPT_BATCH_KEYS, Stage, StepPipeline, StepState, policy_gradient_pipeline
-from polyrl.step.algorithm import build_pipeline, select_algorithm
+from polyrl.plan import build_pipeline, select_algorithm
 
 
 class Recorder(Stage):
@@ -144,7 +144,7 @@ def test_loss_requirements_reach_the_update_stage(register_plugin):
             requires=("old_log_probs", "advantages", "response_mask", "rollout_log_probs"),
         )
     )
-    pipe = policy_gradient_pipeline(
+    pipe = build_pipeline(
         load_config(["recipe=tiny", "actor_rollout_ref.actor.policy_loss.loss_mode=tis_like"])
     )
     assert "rollout_log_probs" in pipe["update_actor"].requires

@@ -12,6 +12,7 @@ from polyrl.interfaces import RolloutEngine, SamplingParams, TrainingEngine
 from polyrl.seeding import derive_seed
 from polyrl.specs import RolloutEngineSpec, TrainingEngineSpec
 from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
+from polyrl.testing.plans import worker_plan
 from polyrl.workers.mesh import DataParallelRank
 from polyrl.workers.roles import RoleContext
 from polyrl.workers.roles.actor import ActorRole, UpdateError
@@ -148,6 +149,7 @@ def context(role, rank=0, world_size=1, **overrides):
         device="cpu",
         total_training_steps=5,
         tokens={"pad_token_id": 9, "eos_token_ids": [2]},
+        plan=worker_plan(plain),
     )
 
 

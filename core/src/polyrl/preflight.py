@@ -104,7 +104,7 @@ def _get(cfg: Any, dotted: str) -> Any:
 
 def selections(cfg: Any) -> Iterator[tuple[PluginKind, str, str]]:
     """``(kind, config key, name)`` of every plugin ``cfg`` selects, the algorithm excepted (it is
-    chosen by :func:`polyrl.step.algorithm.select_algorithm`). ``trainer.logger`` gives one per
+    chosen by :func:`polyrl.plan.select_algorithm`). ``trainer.logger`` gives one per
     logger."""
     for kind in (
         PluginKind.TRAINING_ENGINE,
@@ -172,7 +172,7 @@ def preflight(cfg: Any, registry: Any = None) -> None:
     data sources are checked for core's extras too (GGUF conversion, reasoning-gym).
     """
     from polyrl.registry import get_registry
-    from polyrl.step.algorithm import select_algorithm
+    from polyrl.plan import select_algorithm
 
     registry = registry or get_registry()
     device = str(_get(cfg, "trainer.device") or "") or None

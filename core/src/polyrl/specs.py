@@ -243,6 +243,10 @@ class AlgorithmSpec(_Spec):
     ``role_classes`` supplies the worker-side class (a :class:`polyrl.workers.roles.Role`
     subclass or import string) of any role beyond core's ``actor``, ``ref``, ``rollout`` and
     ``reward_model``.
+    ``plugin_keys`` maps further config keys whose values name plugins this algorithm's roles
+    build to the kind they select (the critic's engine: ``{"critic.strategy":
+    "training_engine"}``): the run plan selects them with the rest and hands them to the
+    workers, where roles load them with ``ctx.plan.load(kind, name)``.
     ``owned_keys`` are config keys (or groups) only this algorithm reads, such as DAPO's
     ``algorithm.filter_groups``: setting one while another algorithm is selected is refused by
     ``polyrl validate`` instead of being silently ignored.
@@ -267,6 +271,7 @@ class AlgorithmSpec(_Spec):
     config_class: type | str | None = None
     data: Callable[..., Any] | str | None = None
     owned_keys: tuple[str, ...] = ()
+    plugin_keys: Mapping[str, str] = field(default_factory=dict)
 
     def capability_flags(self) -> dict[str, Any]:
         flags: dict[str, Any] = {"roles": list(self.roles), "estimators": list(self.estimators)}

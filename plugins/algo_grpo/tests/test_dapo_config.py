@@ -5,7 +5,7 @@ import pytest
 
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
-from polyrl.step.algorithm import build_pipeline
+from polyrl.plan import build_pipeline
 
 
 def test_dapo_brings_clip_higher_token_mean_and_dynamic_sampling():

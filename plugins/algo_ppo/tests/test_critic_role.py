@@ -13,6 +13,7 @@ from polyrl.batch import Batch
 from polyrl.config.loader import load_config
 from polyrl.interfaces.training_engine import ModelHead
 from polyrl.models.resolve import resolve_model_path
+from polyrl.plan import assemble
 from polyrl.step.minibatch import MiniBatchPlan
 from polyrl.workers.roles.base import RoleContext
 from polyrl_algo_ppo.critic import CriticRole
@@ -47,6 +48,7 @@ def critic(tiny_path: str, *overrides: str) -> CriticRole:
         world_size=1,
         device="cpu",
         total_training_steps=5,
+        plan=assemble(cfg, check=False).worker_plan(),
     )
     return CriticRole(ctx)
 

@@ -11,8 +11,8 @@ import torch
 
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
+from polyrl.plan import build_pipeline
 from polyrl.step import Stage, StepContext, StepState
-from polyrl.step.algorithm import build_pipeline
 from polyrl.workers.dispatch import Dispatch
 from polyrl_algo_ppo.metrics import value_metrics
 from polyrl_algo_ppo.stages import AfterCriticWarmup, UpdateCriticStage, ValuesStage, ppo_pipeline

@@ -66,7 +66,7 @@ def _algorithm_defaults(cfg: DictConfig) -> tuple[str, dict[str, Any]] | None:
     """``(algorithm name, nested defaults)`` of the selected algorithm, or None when it brings
     none or cannot be selected (``polyrl validate`` reports the latter with the valid names)."""
     from polyrl.errors import PolyrlError
-    from polyrl.step.algorithm import select_algorithm
+    from polyrl.plan import select_algorithm
 
     try:
         registration = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator))

@@ -50,7 +50,7 @@ class FilterGroupsConfig:
 
 @dataclass
 class AlgorithmConfig:
-    # null: the algorithm plugin that owns adv_estimator (polyrl.step.algorithm)
+    # null: the algorithm plugin that owns adv_estimator (polyrl.plan)
     name: Any = None
     adv_estimator: str = "grpo"
     gamma: float = 1.0

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from polyrl.config.checks import (
     batches,
+    contracts,
     data,
     lora,
     model,
@@ -51,6 +52,7 @@ def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[s
     off_policy.check_off_policy(checker, pipeline)
     lora.check_lora(checker, selected, pipeline)
     plugins.run_plugin_checks(checker, selected)
+    contracts.check_contracts(checker, selected)
     return checker.problems
 
 
@@ -99,7 +101,7 @@ def _algorithm_line(cfg: DictConfig, registry: Registry, g: Any) -> str:
         f"agg {g('actor_rollout_ref.actor.loss_agg_mode')}"
     )
     try:
-        from polyrl.step.algorithm import select_algorithm
+        from polyrl.plan import select_algorithm
 
         name = g("algorithm.name")
         reg = select_algorithm(
@@ -120,13 +122,22 @@ def _step_lines(cfg: DictConfig, registry: Registry) -> list[str]:
     ):
         return []
     try:
-        pipeline = step.build_step(cfg, registry)
+        plan = step.build_plan(cfg, registry)
     except Exception as exc:  # noqa: BLE001 - the summary says so; validate_config reports it
         return [f"step: cannot be built ({type(exc).__name__}: {' '.join(str(exc).split())})"]
+    from polyrl.workers.placement import plan_pools
+
+    pipeline = plan.pipeline
     roles = pipeline.roles()
+    try:
+        plan.pools = dict(plan_pools(cfg, roles))
+    except PolyrlError:
+        plan.pools = None  # validate_config reports the placement's problem
     return [
         "step:",
         pipeline.describe(),
         f"placement: {placement.describe_placement(cfg, roles)}",
         off_policy.describe_schedule(cfg, pipeline),
+        *plan.describe_plugins(),
+        *plan.describe_pools(),
     ]

@@ -62,16 +62,23 @@ class LoggerGroup:
         from polyrl.specs import PluginKind
 
         registry = get_registry()
-        wanted = _normalise_names(names)
+        return cls.from_registrations(
+            [registry.get(PluginKind.LOGGER, name) for name in _normalise_names(names)], ctx
+        )
+
+    @classmethod
+    def from_registrations(cls, registrations: Iterable[Any], ctx: LoggerContext) -> LoggerGroup:
+        """Build the loggers a run plan selected (:attr:`polyrl.plan.RunPlan.loggers`), each
+        once. If building one fails, those already built are finished."""
+        unique = list({reg.name: reg for reg in registrations}.values())
         built: list[MetricsLogger] = []
         try:
-            for name in wanted:
-                logger_cls = registry.load(PluginKind.LOGGER, name)
-                built.append(logger_cls(ctx))
+            for reg in unique:
+                built.append(reg.load()(ctx))
         except BaseException:
-            cls(built, wanted[: len(built)]).finish()
+            cls(built, [reg.name for reg in unique[: len(built)]]).finish()
             raise
-        return cls(built, wanted)
+        return cls(built, [reg.name for reg in unique])
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Send ``metrics`` (converted to floats once, here) to every logger. All loggers get the

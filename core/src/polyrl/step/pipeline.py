@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
+    from polyrl.plan import RunPlan
     from polyrl.step.context import StepContext
 
 # What the data loader puts in every step's batch (see polyrl.data.dataset.collate).
@@ -68,6 +69,12 @@ class Stage:
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+
+    def bind(self, plan: RunPlan) -> None:
+        """Called once with the run plan (:func:`polyrl.plan.assemble`), before the key chain is
+        checked: a stage whose declarations or work depend on the selected plugins (the
+        estimator's ``requires``, the rollout engine's log-probs) takes them from ``plan`` here,
+        so that no stage looks plugins up itself."""
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         raise NotImplementedError(f"stage {self.name!r} ({type(self).__name__}) must define run()")
@@ -141,6 +148,11 @@ class StepPipeline:
         del self.stages[self._position(name)]
 
     # ---- the contract --------------------------------------------------------------------------
+    def bind(self, plan: RunPlan) -> None:
+        """Hand the run plan to every stage (:meth:`Stage.bind`)."""
+        for stage in self.stages:
+            stage.bind(plan)
+
     def roles(self) -> tuple[str, ...]:
         """The worker roles the stages call, in first-use order."""
         seen: dict[str, None] = {}

@@ -14,9 +14,8 @@ import numpy as np
 
 from polyrl.config.checks.off_policy import tis_enabled
 from polyrl.interfaces import RewardResult, RewardSample, SamplingParams
-from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
-from polyrl.specs import PluginKind
+from polyrl.specs import ESTIMATOR_KEYS, POLICY_LOSS_KEYS
 from polyrl.step.context import StepContext
 from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
 from polyrl.step.pipeline import Stage, StepState
@@ -25,6 +24,7 @@ from polyrl.workers.dispatch import Dispatch
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
+    from polyrl.plan import RunPlan
 
 # What an engine's forward pass reads: the prompt and response of each row.
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -108,9 +108,12 @@ class GenerateStage(Stage):
     requires = ("input_ids", "attention_mask")
     roles = ("rollout",)
 
-    def __init__(self, cfg: Any) -> None:
-        spec = get_registry().get(PluginKind.ROLLOUT_ENGINE, cfg.actor_rollout_ref.rollout.name)
-        sampled = ("rollout_log_probs",) if spec.spec.supports_logprobs else ()
+    def __init__(self, cfg: Any = None) -> None:
+        self.provides = (*GENERATED_KEYS, "uid")
+
+    def bind(self, plan: RunPlan) -> None:
+        """The sampling log-probs are provided when the selected rollout engine reports them."""
+        sampled = ("rollout_log_probs",) if plan.rollout_engine.spec.supports_logprobs else ()
         self.provides = (*GENERATED_KEYS, *sampled, "uid")
 
     def run(self, state: StepState, ctx: StepContext) -> None:
@@ -277,17 +280,21 @@ class AdvantageStage(Stage):
     ``requires`` become this stage's."""
 
     name = "adv"
+    requires = ESTIMATOR_KEYS
     provides = ("advantages", "returns")
 
-    def __init__(self, cfg: Any) -> None:
-        self.registration = get_registry().get(
-            PluginKind.ADVANTAGE_ESTIMATOR, cfg.algorithm.adv_estimator
-        )
-        self.requires = tuple(self.registration.spec.requires)
+    def __init__(self, cfg: Any = None) -> None:
+        self.registration: Any = None  # the plan's estimator registration
         self._estimator: Any = None
+
+    def bind(self, plan: RunPlan) -> None:
+        self.registration = plan.estimator
+        self.requires = tuple(self.registration.spec.requires)
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         if self._estimator is None:
+            if self.registration is None:
+                raise RuntimeError(f"stage {self.name!r} was not bound to a run plan")
             self._estimator = self.registration.load()
         advantages, returns = self._estimator(state.batch, ctx.cfg.algorithm)
         state.batch["advantages"], state.batch["returns"] = advantages, returns
@@ -303,10 +310,15 @@ class UpdateActorStage(Stage):
 
     def __init__(self, cfg: Any) -> None:
         actor = cfg.actor_rollout_ref.actor
-        loss = get_registry().get(PluginKind.POLICY_LOSS, actor.policy_loss.loss_mode)
         kl = ("ref_log_prob",) if actor.use_kl_loss else ()
         tis = ("rollout_log_probs",) if tis_enabled(actor.tis_imp_ratio_cap) else ()
-        self.requires = tuple(dict.fromkeys((*MODEL_INPUT_KEYS, *loss.spec.requires, *kl, *tis)))
+        self._own_keys = (*MODEL_INPUT_KEYS, *kl, *tis)
+        self.requires = tuple(dict.fromkeys((*self._own_keys, *POLICY_LOSS_KEYS)))
+
+    def bind(self, plan: RunPlan) -> None:
+        """The selected policy loss's ``requires`` reach the workers with the model inputs."""
+        loss_keys = plan.policy_loss.spec.requires
+        self.requires = tuple(dict.fromkeys((*self._own_keys, *loss_keys)))
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)

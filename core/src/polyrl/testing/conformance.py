@@ -243,16 +243,14 @@ class AdvantageEstimatorConformance(_RequiredKeysBatch, _PluginConformance):
     def test_outputs_shape_dtype_finite(
         self, implementation: Any, registration: Registration
     ) -> None:
-        import torch
+        """The rules ``polyrl validate`` checks too (:mod:`polyrl.config.checks.contracts`)."""
+        from polyrl.config.checks.contracts import estimator_output_problems
 
         batch = self.make_batch(registration)
-        advantages, returns = self.run(implementation, batch)
-        shape = batch["response_mask"].shape
-        for name, out in (("advantages", advantages), ("returns", returns)):
-            assert isinstance(out, torch.Tensor), f"{name} must be a tensor"
-            assert out.shape == shape, f"{name} has shape {tuple(out.shape)}, want {tuple(shape)}"
-            assert out.dtype.is_floating_point, f"{name} must be floating point"
-            assert torch.isfinite(out).all(), f"{name} has non-finite values"
+        problems = estimator_output_problems(
+            self.run(implementation, batch), batch["response_mask"]
+        )
+        assert not problems, "; ".join(problems)
 
     def test_zero_outside_response_mask(
         self, implementation: Any, registration: Registration
@@ -356,20 +354,14 @@ class PolicyLossConformance(_RequiredKeysBatch, _PluginConformance):
     def test_returns_token_matrix_and_metrics(
         self, implementation: Any, registration: Registration
     ) -> None:
-        import torch
+        """The rules ``polyrl validate`` checks too (:mod:`polyrl.config.checks.contracts`)."""
+        from polyrl.config.checks.contracts import policy_loss_output_problems
 
         batch, log_prob = self.make_inputs(registration)
-        loss, metrics = self.run(implementation, batch, log_prob)
-        mask = batch["response_mask"]
-        assert isinstance(loss, torch.Tensor)
-        assert loss.shape == mask.shape, (
-            f"the loss must be per token [B, T], got {tuple(loss.shape)}"
+        problems = policy_loss_output_problems(
+            self.run(implementation, batch, log_prob), batch["response_mask"]
         )
-        assert torch.isfinite(loss[mask > 0]).all()
-        assert isinstance(metrics, dict)
-        for name, value in metrics.items():
-            assert isinstance(name, str)
-            assert math.isfinite(_scalar(value)), f"metric {name} is not a finite scalar"
+        assert not problems, "; ".join(problems)
 
     def test_has_gradient_wrt_log_prob(
         self, implementation: Any, registration: Registration
@@ -429,12 +421,10 @@ class AlgorithmConformance(_PluginConformance):
         return ["recipe=tiny", f"algorithm.name={self.plugin_name}"]
 
     @pytest.fixture
-    def pipeline(self, conformance_registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Any:
-        from polyrl import registry as registry_module
+    def pipeline(self, conformance_registry: Registry) -> Any:
         from polyrl.config.loader import load_config
-        from polyrl.step.algorithm import build_pipeline
+        from polyrl.plan import build_pipeline
 
-        monkeypatch.setattr(registry_module, "_registry", conformance_registry)
         return build_pipeline(load_config(self.overrides()), conformance_registry)
 
     def test_every_stage_declares_its_contract(self, pipeline: Any) -> None:

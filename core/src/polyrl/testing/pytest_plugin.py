@@ -13,7 +13,6 @@ not import torch or any backend.
 
 from __future__ import annotations
 
-import types
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,18 +20,15 @@ from typing import Any
 import pytest
 
 from polyrl import registry as registry_module
-from polyrl.hookspecs import hookimpl
+from polyrl.inprocess import plugin_from_specs
 from polyrl.registry import (
     DISABLE_AUTOLOAD_ENV,
-    HOOK_OF_KIND,
     ONLY_PLUGINS_ENV,
     Provenance,
     Registry,
     discover,
 )
 from polyrl.specs import SPEC_TYPES, PluginKind
-
-_counter = 0
 
 
 def copy_registry(source: Registry) -> Registry:
@@ -45,28 +41,6 @@ def copy_registry(source: Registry) -> Registry:
         )
     copy.broken = list(source.broken)
     return copy
-
-
-def plugin_from_specs(*specs: Any) -> types.ModuleType:
-    """A plugin module whose hooks return ``specs`` (grouped by kind)."""
-    global _counter
-    _counter += 1
-    module = types.ModuleType(f"polyrl_inprocess_plugin_{_counter}")
-    by_kind: dict[PluginKind, list[Any]] = defaultdict(list)
-    for spec in specs:
-        kind = next((k for k, t in SPEC_TYPES.items() if isinstance(spec, t)), None)
-        if kind is None:
-            raise TypeError(f"{spec!r} is not a polyrl spec (see polyrl.specs)")
-        by_kind[kind].append(spec)
-    for kind, kind_specs in by_kind.items():
-        hook_name = HOOK_OF_KIND[kind]
-
-        def hook(_specs: list[Any] = kind_specs) -> list[Any]:
-            return list(_specs)
-
-        hook.__name__ = hook_name
-        setattr(module, hook_name, hookimpl(hook))
-    return module
 
 
 @pytest.fixture

@@ -33,9 +33,8 @@ from polyrl.errors import ConfigError
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
 from polyrl.lora import describe_lora
-from polyrl.registry import get_registry
-from polyrl.specs import PluginKind, resolve_object
-from polyrl.step.algorithm import build_pipeline, select_algorithm
+from polyrl.plan import RunPlan, assemble
+from polyrl.specs import resolve_object
 from polyrl.step.context import StepContext
 from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
@@ -122,8 +121,11 @@ def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, fl
 class RLTrainer:
     """Builds every part named in the config and drives training."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DictConfig, plan: RunPlan | None = None) -> None:
         self.cfg = cfg
+        self.plan = plan or assemble(cfg)
+        if self.plan.problems:
+            raise ConfigError("; ".join(self.plan.problems))
         self.world_size = world_size_of(cfg)
         self.output_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
         self.lock = RunLock(self.output_dir)  # a second run into this folder is refused
@@ -139,7 +141,7 @@ class RLTrainer:
 
         from polyrl.models.resolve import resolve_model_path
 
-        registry = get_registry()
+        plan = self.plan
         model_cfg = cfg.actor_rollout_ref.model
         self.model_path = resolve_model_path(str(model_cfg.path))
         tokenizer_path = resolve_model_path(str(model_cfg.tokenizer_path or model_cfg.path))
@@ -147,7 +149,7 @@ class RLTrainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
-        algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator))
+        algorithm = plan.algorithm
         build_data = resolve_object(algorithm.spec.data) if algorithm.spec.data else prompt_data
         self.data: TrainingData = build_data(cfg, self.tokenizer)
         self.loader = self.data.loader
@@ -155,11 +157,11 @@ class RLTrainer:
             cfg.trainer.total_training_steps or len(self.loader) * int(cfg.trainer.total_epochs)
         )
 
-        reward_cls = registry.load(PluginKind.REWARD_PROVIDER, cfg.reward_model.reward_manager)
+        reward_cls = plan.reward_provider.load()
         self.reward = reward_cls(
             RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
         )
-        self.pipeline = build_pipeline(cfg)
+        self.pipeline = plan.pipeline
         self.schedule = make_schedule(cfg, self.pipeline)
 
         self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
@@ -181,10 +183,7 @@ class RLTrainer:
             model_path=self.model_path,
             total_training_steps=self.total_steps,
             tokens={"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
-            role_classes={
-                role: cls if isinstance(cls, str) else f"{cls.__module__}:{cls.__qualname__}"
-                for role, cls in algorithm.spec.role_classes.items()
-            },
+            plan=plan.worker_plan(),
         )
         self.context = StepContext(
             cfg=cfg,
@@ -284,7 +283,7 @@ class RLTrainer:
         val_before: dict[str, float] = {}
         val_after: dict[str, float] = {}
         last_checkpoint = self.resume_from
-        with LoggerGroup.from_names(cfg.logger, logger_ctx) as loggers:
+        with LoggerGroup.from_registrations(self.plan.loggers, logger_ctx) as loggers:
             if cfg.val_before_train and start_step == 0 and self.data.validate is not None:
                 val_before = self.validate()
                 print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
@@ -359,10 +358,10 @@ class RLTrainer:
             self.lock.release()
 
 
-def config_summary(cfg: DictConfig) -> str:
+def config_summary(cfg: DictConfig, plan: RunPlan) -> str:
     """One line on what is about to run (and one on LoRA, when on)."""
     arr = cfg.actor_rollout_ref
-    algorithm = select_algorithm(cfg.algorithm.name, str(cfg.algorithm.adv_estimator)).name
+    algorithm = plan.algorithm.name
     lora = describe_lora(cfg)
     return (
         f"polyrl: {algorithm} ({cfg.algorithm.adv_estimator}) | model {arr.model.path} | engine "
@@ -394,8 +393,9 @@ def run(cfg: DictConfig) -> TrainResult:
     preflight(cfg)  # a missing backend is one line here, before Ray starts
     require_cluster_to_join(cfg)  # so is trainer.nnodes > 1 without a cluster to join
     torch.manual_seed(int(cfg.trainer.seed))
-    print(config_summary(cfg), file=sys.stderr)
-    trainer = RLTrainer(cfg)
+    plan = assemble(cfg)
+    print(config_summary(cfg, plan), file=sys.stderr)
+    trainer = RLTrainer(cfg, plan)
     try:
         result = trainer.fit()
     finally:

@@ -31,6 +31,7 @@ from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
 from polyrl.workers.group import SPMDGroup
 from polyrl.workers.mesh import DataParallelRank, check_mesh
 from polyrl.workers.weight_sync import WeightSync, WeightSyncSettings
+from polyrl.workers.worker_plan import WorkerPlan
 
 
 class PoolPlan(NamedTuple):
@@ -239,6 +240,7 @@ def start_role_workers(
     total_training_steps: int,
     tokens: dict[str, Any],
     role_classes: Mapping[str, type | str] | None = None,
+    plan: WorkerPlan | None = None,
     worker_cls: type | None = None,
     ready_timeout_s: float = 1800.0,
     call_timeout_s: float | None = None,
@@ -247,7 +249,9 @@ def start_role_workers(
 
     ``roles``: the roles the step uses (``StepPipeline.roles()``); ``role_classes``: classes of
     roles beyond core's (``AlgorithmSpec.role_classes``, import strings preferred: they are
-    resolved in the workers); ``tokens``: ``pad_token_id`` and ``eos_token_ids``.
+    resolved in the workers); ``plan``: the workers' part of the run plan
+    (:meth:`polyrl.plan.RunPlan.worker_plan`: the plugins they build, and role classes);
+    ``tokens``: ``pad_token_id`` and ``eos_token_ids``.
     ``worker_cls`` replaces :class:`~polyrl.workers.worker.Worker` (a subclass that times calls,
     in benchmarks). Ray must be running (:func:`~polyrl.workers.worker_group.ensure_ray`; it is
     started with defaults otherwise). Each worker reserves at most one CPU: fewer (a fraction)
@@ -263,17 +267,17 @@ def start_role_workers(
         raise PolyrlError("start_role_workers needs at least one role")
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    plan = plan_pools(cfg, roles)
+    pools = plan_pools(cfg, roles)
     ensure_ray()
     device = str(cfg.trainer.device)
-    total = sum(pool.size for pool in plan.values())
+    total = sum(pool.size for pool in pools.values())
     available = float(ray.available_resources().get("CPU", 0.0))
     cpus = min(1.0, math.floor(100 * available / total) / 100) or 1.0
     threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // total)
     container = OmegaConf.to_container(cfg, resolve=True)
     groups: dict[str, SPMDGroup] = {}
     try:
-        for pool, (size, pool_roles) in plan.items():
+        for pool, (size, pool_roles) in pools.items():
             groups[pool] = WorkerGroup(
                 worker_cls or Worker,
                 world_size=size,
@@ -288,6 +292,7 @@ def start_role_workers(
                     "cfg": container,
                     "roles": pool_roles,
                     "role_classes": dict(role_classes or {}),
+                    "plan": plan,
                     "model_path": model_path,
                     "total_training_steps": int(total_training_steps),
                     "tokens": dict(tokens),
@@ -299,7 +304,7 @@ def start_role_workers(
         pad_values = {} if pad_id is None else {"input_ids": pad_id, "responses": pad_id}
         return RoleWorkers(
             groups,
-            {role: pool for pool, p in plan.items() for role in p.roles},
+            {role: pool for pool, p in pools.items() for role in p.roles},
             pad_values=pad_values,
             call_timeout_s=call_timeout_s,
             # the weight sync's settings are the rollout's (a run without one never syncs)

@@ -28,6 +28,7 @@ from polyrl.workers.buckets import unpack_buckets
 from polyrl.workers.mesh import DataParallelRank
 from polyrl.workers.rendezvous import rendezvous_store
 from polyrl.workers.roles import CORE_ROLES, Role, RoleContext
+from polyrl.workers.worker_plan import WorkerPlan
 
 
 class RoleError(PolyrlError):
@@ -63,6 +64,7 @@ class Worker:
         roles: Sequence[str],
         role_classes: Mapping[str, type | str] | None = None,
         *,
+        plan: WorkerPlan | None = None,
         rank: int,
         world_size: int,
         model_path: str = "",
@@ -82,8 +84,9 @@ class Worker:
         # the weight channel to/from another pool, and its rendezvous (on the channel's root)
         self._channel: transport.Channel | None = None
         self._channel_store: Any = None
+        plan = plan or WorkerPlan(role_classes=dict(role_classes or {}))
         for name in roles:
-            cls = resolve_role_class(name, role_classes)
+            cls = resolve_role_class(name, {**plan.role_classes, **(role_classes or {})})
             ctx = RoleContext(
                 role=name,
                 cfg=self.cfg,
@@ -94,6 +97,7 @@ class Worker:
                 total_training_steps=total_training_steps,
                 tokens=dict(tokens or {}),
                 peers=self.roles,
+                plan=plan,
             )
             try:
                 self.roles[name] = cls(ctx)

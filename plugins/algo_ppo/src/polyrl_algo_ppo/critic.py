@@ -15,22 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import ModelHead
-from polyrl.registry import get_registry
-from polyrl.specs import PluginKind
-from polyrl.workers.mesh import DataParallelRank
-from polyrl.workers.roles.actor import (
+from polyrl.api import (
+    Batch,
+    DataParallelRank,
+    ModelHead,
+    PluginKind,
+    Role,
+    RoleContext,
     optimizer_steps_per_training_step,
     plain_node,
     train_on_plan,
     training_engine_context,
 )
-from polyrl.workers.roles.base import Role, RoleContext
 from polyrl_algo_ppo.value_loss import make_value_loss_fn
 
 if TYPE_CHECKING:
-    from polyrl.step.minibatch import MiniBatchPlan
+    from polyrl.api import MiniBatchPlan
 
 
 def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
@@ -63,7 +63,7 @@ def critic_model_path(ctx: RoleContext) -> str:
     path = ctx.cfg.critic.model.path
     if path is None:
         return ctx.model_path
-    from polyrl.models.resolve import resolve_model_path
+    from polyrl.api import resolve_model_path
 
     return resolve_model_path(str(path))
 
@@ -76,7 +76,7 @@ class CriticRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         cfg = ctx.cfg
-        engine_cls = get_registry().load(PluginKind.TRAINING_ENGINE, cfg.critic.strategy)
+        engine_cls = ctx.plan.load(PluginKind.TRAINING_ENGINE, cfg.critic.strategy)
         model = OmegaConf.merge(
             plain_node(cfg.actor_rollout_ref.model),
             {"enable_gradient_checkpointing": cfg.critic.model.enable_gradient_checkpointing},

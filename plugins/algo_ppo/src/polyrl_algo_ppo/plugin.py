@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import AdvantageEstimatorSpec, AlgorithmSpec
+from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, hookimpl
 
 
 @hookimpl
@@ -19,6 +18,7 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         estimators=("gae",),
         roles=("actor", "rollout", "ref", "critic", "reward_model"),
         role_classes={"critic": "polyrl_algo_ppo.critic:CriticRole"},
+        plugin_keys={"critic.strategy": "training_engine"},
         config_defaults={"algorithm.adv_estimator": "gae"},
         config_check="polyrl_algo_ppo.checks:check_config",
     )

@@ -69,7 +69,7 @@ def _check_data_file(checker: Checker, key: str, path: Any, columns: list[str]) 
 def _algorithm_brings_own_data(checker: Checker) -> bool:
     """Whether the selected algorithm reads its own files (``AlgorithmSpec.data``); a selection
     problem is reported by the pipeline checks, not here."""
-    from polyrl.step.algorithm import select_algorithm
+    from polyrl.plan import select_algorithm
 
     name, estimator = checker.get("algorithm.name"), checker.get("algorithm.adv_estimator")
     try:

@@ -1,19 +1,17 @@
 """The step: the selected algorithm, its pipeline, and the pipeline's data chain.
 
 The algorithm is ``algorithm.name``, or the one that owns ``algorithm.adv_estimator`` (see
-:func:`polyrl.step.algorithm.select_algorithm`). Its pipeline is built as the driver builds it
-(no model is loaded) and :meth:`~polyrl.step.pipeline.StepPipeline.check` proves that every
-batch key a stage reads is provided by the data loader or an earlier stage. The step's roles also
-decide whether ``critic.enable`` and ``reward_model.enable`` can be honoured.
+:func:`polyrl.plan.select_algorithm`). Its pipeline is built by the run plan, as the driver
+builds it (:func:`polyrl.plan.assemble`; no model is loaded), and
+:meth:`~polyrl.step.pipeline.StepPipeline.check` proves that every batch key a stage reads is
+provided by the data loader or an earlier stage. The step's roles also decide whether
+``critic.enable`` and ``reward_model.enable`` can be honoured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from polyrl import registry as registry_module
 from polyrl.config.checks.checker import MISSING, Checker
 from polyrl.config.checks.plugins import check_locatable, check_not_broken
 from polyrl.errors import ConfigError, PolyrlError
@@ -21,16 +19,10 @@ from polyrl.registry import Registration, Registry
 from polyrl.specs import PluginKind
 
 if TYPE_CHECKING:
+    from polyrl.plan import RunPlan
     from polyrl.step.pipeline import StepPipeline
 
 ALGORITHM_KEY = PluginKind.ALGORITHM.config_key
-# The selections the standard stages look up while the pipeline is built: when one of them is
-# already reported, building the pipeline would only repeat it.
-STAGE_SELECTIONS = (
-    PluginKind.ROLLOUT_ENGINE.config_key,
-    PluginKind.ADVANTAGE_ESTIMATOR.config_key,
-    PluginKind.POLICY_LOSS.config_key,
-)
 # Roles that a config switch asks for; refused when the selected step has no such role.
 SWITCHED_ROLES = {
     "critic.enable": (
@@ -45,21 +37,6 @@ SWITCHED_ROLES = {
         "(the policy-gradient family runs the reward_model stage after reward)",
     ),
 }
-
-
-@contextmanager
-def as_process_registry(registry: Registry) -> Iterator[None]:
-    """Make ``registry`` the process registry while the pipeline is built: stages look plugins up
-    with :func:`polyrl.registry.get_registry`."""
-    previous = registry_module._registry
-    if previous is registry:
-        yield
-        return
-    registry_module.set_registry(registry)
-    try:
-        yield
-    finally:
-        registry_module.set_registry(previous)
 
 
 def _package(reg: Registration) -> str:
@@ -77,7 +54,7 @@ def select_algorithm(checker: Checker) -> Registration | None:
         )
         return None
     try:
-        from polyrl.step.algorithm import select_algorithm as select
+        from polyrl.plan import select_algorithm as select
     except ImportError as exc:
         checker.add(f"{ALGORITHM_KEY}: the step machinery cannot be imported ({exc})")
         return None
@@ -95,19 +72,36 @@ def select_algorithm(checker: Checker) -> Registration | None:
     return reg
 
 
+def build_plan(cfg: Any, registry: Registry) -> RunPlan:
+    """The run plan of ``cfg`` with ``registry``, its step bound but not checked (may raise)."""
+    from polyrl.plan import assemble
+
+    return assemble(cfg, registry, check=False)
+
+
 def build_step(cfg: Any, registry: Registry) -> StepPipeline:
     """The step of the algorithm ``cfg`` selects, built with ``registry`` (may raise)."""
-    from polyrl.step.algorithm import build_pipeline
+    return build_plan(cfg, registry).pipeline
 
-    with as_process_registry(registry):
-        return build_pipeline(cfg, registry)
+
+def _all_selected(checker: Checker, selected: dict[str, Registration]) -> bool:
+    """Whether every plugin the config names was selected (the others are reported already:
+    assembling the plan would only repeat them)."""
+    from polyrl.plan import SINGLE_KINDS
+
+    loggers = PluginKind.LOGGER.config_key
+    logger_count = sum(key.startswith(loggers + "[") for key in selected)
+    named = checker.get(loggers)
+    wanted = len([named] if isinstance(named, str) else list(named or ()))
+    return logger_count == wanted and all(k.config_key in selected for k in SINGLE_KINDS)
 
 
 def check_step(
     checker: Checker, selected: dict[str, Registration], algorithm: Registration | None
 ) -> StepPipeline | None:
-    """Build the step and check its chain; returns it, or None when it cannot be built."""
-    if algorithm is None or any(key not in selected for key in STAGE_SELECTIONS):
+    """Assemble the run plan and check its step's chain; returns the step, or None when it
+    cannot be built."""
+    if algorithm is None or not _all_selected(checker, selected):
         return None
     owner = f"algorithm {algorithm.name!r} ({_package(algorithm)})"
     pipeline = None

@@ -20,7 +20,6 @@ from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.interfaces import EngineContext
 from polyrl.lora import lora_rank, sync_sends_adapters
-from polyrl.registry import get_registry
 from polyrl.specs import PluginKind
 from polyrl.workers.mesh import DataParallelRank
 from polyrl.workers.roles.base import Role, RoleContext
@@ -139,7 +138,6 @@ class ActorRole(Role):
         super().__init__(ctx)
         cfg = ctx.cfg
         arr = cfg.actor_rollout_ref
-        registry = get_registry()
         engine_cfg = OmegaConf.merge(
             plain_node(arr.actor),
             {
@@ -147,16 +145,16 @@ class ActorRole(Role):
                 * ctx.total_training_steps,
             },
         )
-        engine_cls = registry.load(PluginKind.TRAINING_ENGINE, arr.actor.strategy)
+        engine_cls = ctx.plan.load(PluginKind.TRAINING_ENGINE, arr.actor.strategy)
         self.engine = engine_cls(training_engine_context(ctx, engine_cfg, trainable=True))
         from polyrl.algorithms.actor_loss import make_actor_loss_fn
 
-        policy_loss = registry.load(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
+        policy_loss = ctx.plan.load(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
         self.loss_fn = make_actor_loss_fn(arr.actor, policy_loss)
         self.temperature = float(arr.rollout.temperature)
         # A LoRA actor syncs the adapters alone into a rollout engine that loads them.
         self.sends_adapters = lora_rank(arr.model) > 0 and sync_sends_adapters(
-            registry.get(PluginKind.ROLLOUT_ENGINE, arr.rollout.name).spec
+            ctx.plan.registration(PluginKind.ROLLOUT_ENGINE, arr.rollout.name).spec
         )
 
     def data_parallel_rank(self) -> DataParallelRank:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from polyrl.workers.mesh import DataParallelRank
+from polyrl.workers.worker_plan import WorkerPlan
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +29,10 @@ class RoleContext:
     ``cfg`` is the whole run config (an OmegaConf node, read-only); ``rank`` and ``world_size``
     are the worker's position in its pool (the torch.distributed group the role's engine
     shares with the other roles of the pool); ``tokens`` holds ``pad_token_id`` and
-    ``eos_token_ids`` of the tokenizer. ``peers`` are the roles of the same worker by name (all
-    of them once the worker is built), for a role that computes with another's engine: a LoRA
+    ``eos_token_ids`` of the tokenizer. ``plan`` is the worker's part of the run plan: a role
+    loads the plugins it builds (engines, losses) from it (``ctx.plan.load(kind, name)``),
+    never from a registry. ``peers`` are the roles of the same worker by name (all of them once
+    the worker is built), for a role that computes with another's engine: a LoRA
     run's reference is the actor's model with the adapters off.
     """
 
@@ -42,6 +45,7 @@ class RoleContext:
     total_training_steps: int = 1
     tokens: dict[str, Any] = field(default_factory=dict)
     peers: Mapping[str, Role] = field(default_factory=dict)
+    plan: WorkerPlan = field(default_factory=WorkerPlan)
 
     @property
     def pad_token_id(self) -> int:

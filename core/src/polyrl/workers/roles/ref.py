@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 from polyrl.batch import Batch
 from polyrl.interfaces import TrainingEngine
 from polyrl.lora import lora_rank
-from polyrl.registry import get_registry
 from polyrl.specs import PluginKind
 from polyrl.workers.mesh import DataParallelRank
 from polyrl.workers.roles.actor import plain_node, training_engine_context
@@ -37,7 +36,7 @@ class RefRole(Role):
         self._engine: TrainingEngine | None = None
         if not self.shares_actor:
             engine_cfg = OmegaConf.merge(plain_node(arr.actor), plain_node(arr.ref))
-            engine_cls = get_registry().load(PluginKind.TRAINING_ENGINE, arr.actor.strategy)
+            engine_cls = ctx.plan.load(PluginKind.TRAINING_ENGINE, arr.actor.strategy)
             self._engine = engine_cls(training_engine_context(ctx, engine_cfg, trainable=False))
 
     @property

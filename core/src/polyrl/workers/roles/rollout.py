@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from polyrl.batch import Batch
 from polyrl.interfaces import RolloutContext, SamplingParams
-from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
 from polyrl.specs import PluginKind
 from polyrl.workers.mesh import DataParallelRank
@@ -35,7 +34,7 @@ class RolloutRole(Role):
         super().__init__(ctx)
         cfg = ctx.cfg
         rollout = cfg.actor_rollout_ref.rollout
-        engine_cls = get_registry().load(PluginKind.ROLLOUT_ENGINE, rollout.name)
+        engine_cls = ctx.plan.load(PluginKind.ROLLOUT_ENGINE, rollout.name)
         self.free_cache_engine = bool(rollout.free_cache_engine)
         self.engine = engine_cls(
             RolloutContext(
