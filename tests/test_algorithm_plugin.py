@@ -69,6 +69,10 @@ def test_validate_shows_the_inserted_stage(site: Path) -> None:
     done = polyrl(site, "validate", "recipe=tiny", "algorithm.name=grpo_overlong")
     assert done.returncode == 0, done.stderr
     assert "overlong_penalty" in done.stdout + done.stderr
+    # the run plan: the outside algorithm with its package, version and resolved settings
+    assert "  algorithm  " in done.stdout and "grpo_overlong (polyrl-algo-overlong " in done.stdout
+    assert "plugins.grpo_overlong.buffer_len = " in done.stdout
+    assert "pools:\n  global: 2 worker(s)" in done.stdout
 
 
 def test_its_settings_are_checked_against_its_config_class(site: Path) -> None:
