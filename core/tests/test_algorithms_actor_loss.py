@@ -192,3 +192,20 @@ def test_gradient_descent_moves_log_probs_with_the_advantage_sign():
     after = log_prob().detach()
     assert torch.all(after[0] > start[0]), "positive advantage must raise log-probs"
     assert torch.all(after[1] < start[1]), "negative advantage must lower log-probs"
+
+
+def test_the_loss_tells_the_engine_whether_the_entropy_needs_its_gradient():
+    from polyrl.interfaces.training_engine import needs_entropy_grad
+    from polyrl.workers.roles.actor import on_policy
+
+    with_bonus = make_actor_loss_fn(actor_config(entropy_coeff=0.01), vanilla_policy_loss)
+    without = make_actor_loss_fn(actor_config(entropy_coeff=0.0), vanilla_policy_loss)
+    assert needs_entropy_grad(with_bonus) and not needs_entropy_grad(without)
+    # the on-policy wrapper of a single-step update keeps what the loss needs
+    assert needs_entropy_grad(on_policy(with_bonus)) and not needs_entropy_grad(on_policy(without))
+    # and its old log-probs are the detached current ones: the ratio is 1, the loss is -A
+    logp = torch.full((1, 2), -1.0, requires_grad=True)
+    batch = Batch({"advantages": torch.ones(1, 2), "response_mask": torch.ones(1, 2)})
+    loss, _ = on_policy(without)(batch, logp, None)
+    assert torch.equal(batch["old_log_probs"], logp.detach())
+    assert loss.item() == pytest.approx(-1.0)

@@ -61,7 +61,6 @@ def _ctx(rank: int, path: str, **engine_overrides: object) -> EngineContext:
         "ppo_micro_batch_size_per_gpu": 2,
         "use_dynamic_bsz": False,
         "ppo_max_token_len_per_gpu": 16384,
-        "entropy_coeff": 0.0,
         "optim": optim,
         "fsdp_config": {"mixed_precision": mixed, "reshard_after_forward": True},
     }

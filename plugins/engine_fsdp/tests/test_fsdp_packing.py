@@ -100,9 +100,12 @@ def _policy_loss(
     mask = micro["response_mask"].float()
     tokens = micro.meta["mini_batch_response_tokens"]
     loss = -(log_prob * micro["advantages"] * mask).sum() / tokens
-    if entropy is not None:  # entropy_coeff != 0: the entropy carries grad
+    if entropy is not None:  # needs_entropy_grad: the entropy carries grad
         loss = loss - 0.1 * (entropy * mask).sum() / tokens
     return loss, {"actor/pg_loss": float(loss.detach())}
+
+
+_policy_loss.needs_entropy_grad = True  # type: ignore[attr-defined]
 
 
 def _run_engine(model: dict, device: str = "cpu", compiled: bool = True) -> dict[str, object]:
@@ -117,7 +120,6 @@ def _run_engine(model: dict, device: str = "cpu", compiled: bool = True) -> dict
         model={"dtype": "bfloat16" if mixed else "float32", **model},
         actor={
             "ppo_micro_batch_size_per_gpu": 4,
-            "entropy_coeff": 0.1,
             "optim": {"lr": 1e-2},
             "fsdp_config": {"mixed_precision": mixed},
             "use_torch_compile": compiled,

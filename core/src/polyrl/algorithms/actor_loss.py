@@ -104,4 +104,5 @@ def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBat
             metrics["actor/kl_coef"] = kl_coef
         return loss, metrics
 
+    actor_loss.needs_entropy_grad = entropy_coeff != 0.0  # type: ignore[attr-defined]
     return actor_loss

@@ -78,11 +78,21 @@ class MicroBatchLossFn(Protocol):
 
     ``loss`` is already scaled so that summing it over the micro-batches of a mini-batch gives the
     mini-batch loss: the engine calls ``loss.backward()`` on each and steps once.
+
+    The loss says what it needs instead of the engine reading algorithm keys: a loss that
+    differentiates the entropy (an entropy bonus) sets the attribute ``needs_entropy_grad =
+    True`` on itself, and the engine then hands it the entropy with its graph (see
+    :func:`needs_entropy_grad`); otherwise the entropy arrives detached, for logging.
     """
 
     def __call__(
         self, micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def needs_entropy_grad(loss_fn: Any) -> bool:
+    """Whether ``loss_fn`` (a :class:`MicroBatchLossFn`) differentiates the entropy."""
+    return bool(getattr(loss_fn, "needs_entropy_grad", False))
 
 
 class MicroBatchValueLossFn(Protocol):

@@ -49,7 +49,6 @@ def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
             "ppo_epochs": critic.ppo_epochs,
             "shuffle": critic.shuffle,
             "loss_agg_mode": critic.loss_agg_mode,
-            "entropy_coeff": 0.0,
             "optim": plain_node(critic.optim),
             "fsdp_config": plain_node(critic.model.fsdp_config),
             "total_optimizer_steps": optimizer_steps_per_training_step(cfg, critic)

@@ -26,13 +26,7 @@ import torch.distributed as dist
 from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.utils import safe_get_full_fp32_param
 
-from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import (
-    EngineContext,
-    MicroBatchLossFn,
-    ModelHead,
-    TrainingEngine,
-)
+from polyrl.api import Batch, EngineContext, MicroBatchLossFn, ModelHead, TrainingEngine
 from polyrl_engine_deepspeed import checkpoint as ds_ckpt
 from polyrl_engine_deepspeed.ds_config import deepspeed_config
 from polyrl_engine_deepspeed.settings import deepspeed_settings
@@ -191,7 +185,7 @@ class DeepSpeedEngine(TrainingEngine):
         require_trainable(self.optimizer, self.scheduler, self.ctx.role)
         check_batch(mini_batch, "DeepSpeed")
         groups, dummies = self._micro_batches(mini_batch, training=True)
-        mode = entropy_mode(self.settings.entropy_coeff)
+        mode = entropy_mode(loss_fn)
         entropy = EntropyMean()
         micro_loss = policy_micro_loss(self._score, loss_fn, temperature, mode, entropy)
         self.engine.train()

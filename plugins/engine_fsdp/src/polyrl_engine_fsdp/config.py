@@ -17,9 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from polyrl.config.nodes import schema_node
-from polyrl.errors import ConfigError
-from polyrl.lora import lora_rank, target_modules
+from polyrl.api import ConfigError, lora_rank, schema_node, target_modules
 from polyrl_engine_fsdp.checks import (
     AUTO_SWITCH,
     DTYPES,
@@ -104,7 +102,6 @@ class EngineSettings:
     use_dynamic_bsz: bool
     max_token_len: int
     log_prob_max_token_len: int
-    entropy_coeff: float
     optim: OptimSettings
     lora: LoraSettings | None = None  # None: full fine-tuning
 
@@ -174,7 +171,6 @@ def resolve_settings(
         use_dynamic_bsz=bool(engine.use_dynamic_bsz),
         max_token_len=int(engine.ppo_max_token_len_per_gpu),
         log_prob_max_token_len=int(engine.log_prob_max_token_len_per_gpu),
-        entropy_coeff=float(engine.entropy_coeff),
         optim=OptimSettings(
             lr=float(optim.lr),
             betas=(betas[0], betas[1]),

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import (
+from polyrl.api import (
+    Batch,
     EngineContext,
     MicroBatchLossFn,
     MicroBatchValueLossFn,
@@ -242,7 +242,7 @@ class FSDPEngine(TrainingEngine):
         ``meta`` keys ``mini_batch_rows``, ``mini_batch_response_tokens`` (this rank's) and
         ``num_micro_batches``, so a loss can scale itself to the mini-batch."""
         self._require_head(ModelHead.CAUSAL_LM, "train_step")
-        mode = entropy_mode(self.settings.entropy_coeff)
+        mode = entropy_mode(loss_fn)
         entropy = EntropyMean()
         micro_loss = policy_micro_loss(self._forward, loss_fn, temperature, mode, entropy)
         return self._train(mini_batch, micro_loss, entropy)

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import MicroBatchLossFn
+from polyrl.api import Batch, MicroBatchLossFn, needs_entropy_grad
 from polyrl_engine_fsdp.errors import EngineUsageError
 from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.scoring import response_mask
@@ -36,9 +35,9 @@ def require_trainable(optimizer: object, scheduler: object, role: str) -> None:
         )
 
 
-def entropy_mode(entropy_coeff: float) -> EntropyMode:
-    """With a gradient only when the loss uses the entropy (a non-zero coefficient)."""
-    return EntropyMode.GRAD if entropy_coeff != 0 else EntropyMode.DETACHED
+def entropy_mode(loss_fn: MicroBatchLossFn) -> EntropyMode:
+    """With a gradient only when the loss differentiates the entropy (it says so itself)."""
+    return EntropyMode.GRAD if needs_entropy_grad(loss_fn) else EntropyMode.DETACHED
 
 
 class EntropyMean:

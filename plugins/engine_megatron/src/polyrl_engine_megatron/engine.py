@@ -27,11 +27,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from polyrl.batch import Batch
-from polyrl.config.nodes import schema_node
-from polyrl.errors import ConfigError
-from polyrl.interfaces.training_engine import EngineContext, MicroBatchLossFn, TrainingEngine
-from polyrl.workers.mesh import DataParallelRank
+from polyrl.api import (
+    Batch,
+    ConfigError,
+    DataParallelRank,
+    EngineContext,
+    MicroBatchLossFn,
+    TrainingEngine,
+    schema_node,
+)
 from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
 from polyrl_engine_fsdp.config import resolve_settings
 from polyrl_engine_fsdp.errors import EngineUsageError
@@ -253,7 +257,7 @@ class MegatronEngine(TrainingEngine):
         ``num_micro_batches``; the loss metrics come from the last stage."""
         require_trainable(self.optimizer, self.scheduler, self.ctx.role)
         groups = self._micro_batches(mini_batch, training=True)
-        mode = entropy_mode(self.settings.entropy_coeff)
+        mode = entropy_mode(loss_fn)
         entropy = EntropyMean()
         micros = list(micro_batches_on(mini_batch, groups, self.device))
         self.model.train()

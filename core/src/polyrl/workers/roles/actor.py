@@ -19,12 +19,14 @@ from omegaconf import OmegaConf
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
 from polyrl.interfaces import EngineContext
+from polyrl.interfaces.training_engine import MicroBatchLossFn, needs_entropy_grad
 from polyrl.lora import lora_rank, sync_sends_adapters
 from polyrl.specs import PluginKind
 from polyrl.workers.mesh import DataParallelRank
 from polyrl.workers.roles.base import Role, RoleContext
 
 if TYPE_CHECKING:
+    from polyrl.algorithms.rollout_gap import GapTally
     from polyrl.step.minibatch import MiniBatchPlan
 
 
@@ -129,6 +131,23 @@ def global_loss_norm(ctx: RoleContext, response_mask: torch.Tensor) -> dict[str,
     }
 
 
+def on_policy(loss_fn: MicroBatchLossFn, gaps: GapTally | None = None) -> MicroBatchLossFn:
+    """``loss_fn`` with the detached current log-probs as the old ones (a single-step update),
+    needing what ``loss_fn`` needs. ``gaps`` tallies those log-probs against the micro-batch's
+    ``rollout_log_probs`` (one optimizer step: each row's forward pass is seen once)."""
+
+    def loss(
+        micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        micro_batch["old_log_probs"] = log_prob.detach()
+        if gaps is not None:
+            gaps.add(micro_batch["rollout_log_probs"], log_prob, micro_batch["response_mask"])
+        return loss_fn(micro_batch, log_prob, entropy)
+
+    loss.needs_entropy_grad = needs_entropy_grad(loss_fn)  # type: ignore[attr-defined]
+    return loss
+
+
 class ActorRole(Role):
     """Log-probs under the current policy, and the update by a driver-made mini-batch plan."""
 
@@ -177,13 +196,20 @@ class ActorRole(Role):
         order); the metrics averaged over the steps.
 
         Without ``old_log_probs`` in the batch the update must be on-policy (one optimizer
-        step): the old log-probs are then the detached current ones.
+        step): the old log-probs are then the detached current ones. With ``rollout_log_probs``
+        in such a batch, the metrics also hold this rank's parts of the probability-gap metrics
+        (:class:`~polyrl.algorithms.rollout_gap.GapTally`), which the driver combines: the
+        ``old_log_prob`` stage that would have computed them skipped its forward pass.
         """
         check_plan(batch, plan)
+        gaps = None
         if "old_log_probs" in batch:
             loss_fn = self.loss_fn
         elif plan.on_policy:
-            loss_fn = self._on_policy_loss
+            from polyrl.algorithms.rollout_gap import GapTally
+
+            gaps = GapTally() if "rollout_log_probs" in batch else None
+            loss_fn = on_policy(self.loss_fn, gaps)
         else:
             raise UpdateError(
                 f"the actor update got a batch without 'old_log_probs' and a plan of "
@@ -192,18 +218,15 @@ class ActorRole(Role):
                 f"before update_actor (batch keys: "
                 f"{sorted(batch.tensors) + sorted(batch.non_tensors)})"
             )
-        return train_on_plan(
+        metrics = train_on_plan(
             self.ctx,
             batch,
             plan,
             lambda mini: self.engine.train_step(mini, loss_fn, temperature=self.temperature),
         )
-
-    def _on_policy_loss(
-        self, micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        micro_batch["old_log_probs"] = log_prob.detach()
-        return self.loss_fn(micro_batch, log_prob, entropy)
+        if gaps is not None:
+            metrics.update(gaps.parts())
+        return metrics
 
     # ---- weights, checkpoints, export --------------------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
