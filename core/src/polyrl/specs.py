@@ -155,6 +155,11 @@ class RolloutEngineSpec(_Spec):
         return resolve_object(self.engine)
 
 
+# What a policy loss returns (PolicyLossSpec.level): a per-token matrix, or one value per row.
+TOKEN_LEVEL = "token"
+SEQUENCE_LEVEL = "sequence"
+LOSS_LEVELS = (TOKEN_LEVEL, SEQUENCE_LEVEL)
+
 # Batch keys an estimator / a policy loss reads unless its spec says otherwise.
 ESTIMATOR_KEYS = ("token_level_rewards", "response_mask", "uid")
 POLICY_LOSS_KEYS = ("old_log_probs", "advantages", "response_mask")
@@ -187,14 +192,21 @@ class PolicyLossSpec(_Spec):
     """A policy loss: a callable with the signature of :data:`polyrl.interfaces.PolicyLossFn`.
 
     ``requires`` lists the batch keys it reads (``rollout_log_probs`` for truncated importance
-    sampling); they reach the actor's update and are checked against the step's chain."""
+    sampling); they reach the actor's update and are checked against the step's chain.
+
+    ``level``: ``"token"`` (the default) — ``fn`` returns a per-token loss ``[B, T]`` that the
+    actor aggregates with ``actor_rollout_ref.actor.loss_agg_mode``; ``"sequence"`` — ``fn``
+    returns one loss per row ``[B]`` (a sequence-level objective such as DPO's per-pair loss,
+    given to each row of the pair), averaged over the mini-batch's rows whatever their lengths.
+    """
 
     fn: Callable[..., Any] | str = ""
     requires: tuple[str, ...] = POLICY_LOSS_KEYS
     config_class: type | str | None = None
+    level: str = TOKEN_LEVEL
 
     def capability_flags(self) -> dict[str, Any]:
-        return {"requires": list(self.requires)}
+        return {"requires": list(self.requires), "level": self.level}
 
     def load(self) -> Callable[..., Any]:
         return resolve_object(self.fn)

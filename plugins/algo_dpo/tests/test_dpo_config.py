@@ -24,7 +24,7 @@ def test_the_recipe_is_valid_and_the_algorithm_sets_the_pair_arithmetic() -> Non
     assert actor.ppo_mini_batch_size == 8  # one optimizer step per batch of pairs
     assert cfg.actor_rollout_ref.rollout.n == 2
     assert actor.policy_loss.loss_mode == "dpo"
-    assert actor.loss_agg_mode == "seq-mean-token-mean"
+    assert actor.loss_agg_mode == "token-mean"  # a sequence-level loss ignores it
     assert problems("actor_rollout_ref.actor.policy_loss.loss_mode=ipo") == []
 
 
@@ -33,7 +33,6 @@ def test_settings_that_would_split_pairs_or_misweight_the_loss() -> None:
         "actor_rollout_ref.actor.shuffle=true",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
         "actor_rollout_ref.rollout.temperature=0.7",
         "plugins.dpo.beta=-1",
@@ -41,7 +40,6 @@ def test_settings_that_would_split_pairs_or_misweight_the_loss() -> None:
     expected = [
         "shuffle=true would separate the two rows of a pair",
         "one optimizer step per batch of pairs",
-        "loss_agg_mode='token-mean': a preference loss is one value per pair",
         "loss_mode='vanilla': algorithm dpo trains with a preference loss, dpo or ipo",
         "rollout.temperature=0.7",
         "plugins.dpo.beta=-1 must be > 0",

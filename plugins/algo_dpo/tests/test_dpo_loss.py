@@ -1,5 +1,5 @@
 """DPO and IPO against values derived by hand from the formulas of TRL's DPOTrainer
-(loss_type="sigmoid" and "ipo"), and the aggregation that makes them a mean over pairs."""
+(loss_type="sigmoid" and "ipo"): sequence-level losses the actor averages over pairs."""
 
 from __future__ import annotations
 
@@ -38,12 +38,9 @@ PAIR1_DPO = math.log(1 + math.exp(0.1))  # -log sigmoid(-0.1) = 0.74439...
 def test_dpo_loss_values_and_trl_metrics() -> None:
     batch, log_prob = two_pairs()
     loss, metrics = dpo_loss(batch, log_prob, actor_config())
-    mask = batch["response_mask"]
-    # Every response token of a pair's two rows carries the pair's loss; padding carries 0.
-    expected = torch.tensor(
-        [[PAIR0_DPO, PAIR0_DPO], [PAIR0_DPO, 0], [PAIR1_DPO, 0], [PAIR1_DPO, 0]]
-    )
-    assert torch.allclose(loss, expected * mask, atol=1e-6)
+    # One value per row: both rows of a pair carry the pair's loss.
+    expected = torch.tensor([PAIR0_DPO, PAIR0_DPO, PAIR1_DPO, PAIR1_DPO])
+    assert torch.allclose(loss, expected, atol=1e-6)
     assert metrics == pytest.approx(
         {
             "rewards/chosen": (0.1 * 0.5 + 0.1 * -1.0) / 2,
@@ -56,9 +53,11 @@ def test_dpo_loss_values_and_trl_metrics() -> None:
     )
 
 
-def test_dpo_is_the_mean_over_pairs_with_its_gradient() -> None:
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_dpo_is_the_mean_over_pairs_with_its_gradient(agg: str) -> None:
     batch, log_prob = two_pairs()
-    loss_fn = make_actor_loss_fn(actor_config(loss_agg_mode="seq-mean-token-mean"), dpo_loss)
+    # a sequence-level loss: the aggregation of token-level terms does not weigh it
+    loss_fn = make_actor_loss_fn(actor_config(loss_agg_mode=agg), dpo_loss, "sequence")
     loss, metrics = loss_fn(batch, log_prob, None)
     assert float(loss.detach()) == pytest.approx((PAIR0_DPO + PAIR1_DPO) / 2, abs=1e-6)
     assert metrics["actor/pg_loss"] == pytest.approx((PAIR0_DPO + PAIR1_DPO) / 2, abs=1e-6)
@@ -72,7 +71,7 @@ def test_dpo_is_the_mean_over_pairs_with_its_gradient() -> None:
 
 def test_micro_batches_of_whole_pairs_sum_to_the_mean_over_pairs() -> None:
     batch, log_prob = two_pairs()
-    loss_fn = make_actor_loss_fn(actor_config(loss_agg_mode="seq-mean-token-mean"), dpo_loss)
+    loss_fn = make_actor_loss_fn(actor_config(), dpo_loss, "sequence")
     total = 0.0
     for rows in ([0, 1], [2, 3]):
         micro = batch.select_rows(rows)
@@ -88,16 +87,16 @@ def test_ipo_uses_token_mean_log_probs() -> None:
     loss, metrics = ipo_loss(batch.select_rows([0, 1]), log_prob[:2], actor_config())
     # Token means: chosen -1.5 vs reference -1.75 -> 0.25; rejected -1 vs -0.5 -> -0.5;
     # h = 0.75, target 1 / (2 * 0.1) = 5: L = (0.75 - 5)^2 = 18.0625.
-    assert torch.allclose(loss, torch.tensor([[18.0625, 18.0625], [18.0625, 0.0]]))
+    assert torch.allclose(loss, torch.tensor([18.0625, 18.0625]))
     assert metrics["rewards/chosen"] == pytest.approx(0.025)
     assert metrics["rewards/rejected"] == pytest.approx(-0.05)
     assert metrics["rewards/margins"] == pytest.approx(0.075)
     assert metrics["logps/chosen"] == pytest.approx(-1.5)
-    (loss * batch["response_mask"][:2]).sum().backward()
-    # d/dh = 2 (h - 5) = -8.5 per unit of the aggregate; the chosen row's 2 tokens each move h
-    # by 1/2, the rejected token by -1; the sum over the 3 masked tokens counts L three times.
+    loss.sum().backward()
+    # d/dh = 2 (h - 5) = -8.5; the chosen row's 2 tokens each move h by 1/2, the rejected token
+    # by -1; the sum over the pair's 2 rows counts L twice.
     grad = log_prob.grad[:2]
-    assert torch.allclose(grad, 3 * torch.tensor([[-4.25, -4.25], [8.5, 0.0]]))
+    assert torch.allclose(grad, 2 * torch.tensor([[-4.25, -4.25], [8.5, 0.0]]))
 
 
 def test_beta_is_read_from_the_plugin_section() -> None:
@@ -105,7 +104,7 @@ def test_beta_is_read_from_the_plugin_section() -> None:
     # The loss gets the actor node of the run config; beta lives at the config's root.
     cfg = OmegaConf.create({"actor_rollout_ref": {"actor": {}}, "plugins": {"dpo": {"beta": 0.5}}})
     loss, metrics = dpo_loss(batch, log_prob, cfg.actor_rollout_ref.actor)
-    assert float(loss[0, 0].detach()) == pytest.approx(math.log(1 + math.exp(-0.5)))
+    assert float(loss[0].detach()) == pytest.approx(math.log(1 + math.exp(-0.5)))
     assert metrics["rewards/chosen"] == pytest.approx((0.5 * 0.5 + 0.5 * -1.0) / 2)
 
 

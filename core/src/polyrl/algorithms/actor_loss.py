@@ -19,6 +19,7 @@ from polyrl.algorithms.kl import kl_penalty
 from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
 from polyrl.algorithms.tis import truncated_is_weights
 from polyrl.config.checks.off_policy import tis_enabled
+from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, TOKEN_LEVEL
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
@@ -33,8 +34,14 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
-def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBatchLossFn:
+def make_actor_loss_fn(
+    actor_cfg: Any, policy_loss_fn: PolicyLossFn, level: str = TOKEN_LEVEL
+) -> MicroBatchLossFn:
     """Build the :class:`~polyrl.interfaces.MicroBatchLossFn` of the actor update.
+
+    ``level`` is the policy loss's (:attr:`polyrl.specs.PolicyLossSpec.level`): a token-level
+    loss's ``[B, T]`` matrix is aggregated with ``loss_agg_mode``; a sequence-level loss's
+    ``[B]`` values are averaged over the mini-batch's rows (``num_seqs`` of the loss norm).
 
     Reads ``loss_agg_mode``, ``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``,
     ``kl_loss_type`` and ``tis_imp_ratio_cap`` from ``actor_cfg`` (the
@@ -52,6 +59,8 @@ def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBat
     kl_coef = float(actor_cfg.kl_loss_coef)
     kl_type = str(actor_cfg.kl_loss_type)
     tis_cap = float(actor_cfg.tis_imp_ratio_cap)
+    if level not in LOSS_LEVELS:
+        raise ValueError(f"policy loss level {level!r}: use one of {', '.join(LOSS_LEVELS)}")
 
     def actor_loss(
         micro_batch: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
@@ -74,14 +83,17 @@ def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBat
             )
             return scaled, own
 
-        pg_mat, pg_metrics = policy_loss_fn(micro_batch, log_prob, actor_cfg)
-        if tis_enabled(tis_cap):
-            weights, tis_metrics = truncated_is_weights(
-                micro_batch["old_log_probs"], micro_batch["rollout_log_probs"], mask, tis_cap
-            )
-            pg_mat = pg_mat * weights
-            pg_metrics = {**pg_metrics, **tis_metrics}
-        loss, pg_loss = aggregate(pg_mat)
+        pg_out, pg_metrics = policy_loss_fn(micro_batch, log_prob, actor_cfg)
+        if level == SEQUENCE_LEVEL:
+            loss, pg_loss = _sequence_mean(pg_out, norm)
+        else:
+            if tis_enabled(tis_cap):
+                weights, tis_metrics = truncated_is_weights(
+                    micro_batch["old_log_probs"], micro_batch["rollout_log_probs"], mask, tis_cap
+                )
+                pg_out = pg_out * weights
+                pg_metrics = {**pg_metrics, **tis_metrics}
+            loss, pg_loss = aggregate(pg_out)
         metrics = {"actor/pg_loss": _as_float(pg_loss)}
         metrics.update({f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
 
@@ -106,3 +118,17 @@ def make_actor_loss_fn(actor_cfg: Any, policy_loss_fn: PolicyLossFn) -> MicroBat
 
     actor_loss.needs_entropy_grad = entropy_coeff != 0.0  # type: ignore[attr-defined]
     return actor_loss
+
+
+def _sequence_mean(per_row: torch.Tensor, norm: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+    """(share of the mini-batch's mean over rows, the micro-batch's own mean) of a
+    sequence-level loss's ``[B]`` values."""
+    if per_row.dim() != 1:
+        raise ValueError(
+            f"a sequence-level policy loss must return one value per row, shape [B]; got "
+            f"{tuple(per_row.shape)}"
+        )
+    own = per_row.mean()
+    if not norm:
+        return own, own
+    return per_row.sum() / float(norm["num_seqs"]), own

@@ -359,7 +359,9 @@ class PolicyLossConformance(_RequiredKeysBatch, _PluginConformance):
 
         batch, log_prob = self.make_inputs(registration)
         problems = policy_loss_output_problems(
-            self.run(implementation, batch, log_prob), batch["response_mask"]
+            self.run(implementation, batch, log_prob),
+            batch["response_mask"],
+            registration.spec.level,
         )
         assert not problems, "; ".join(problems)
 
@@ -371,7 +373,7 @@ class PolicyLossConformance(_RequiredKeysBatch, _PluginConformance):
         batch, log_prob = self.make_inputs(registration)
         loss, _ = self.run(implementation, batch, log_prob)
         mask = batch["response_mask"]
-        (loss * mask).sum().backward()
+        (loss.sum() if loss.dim() == 1 else (loss * mask).sum()).backward()
         grad = log_prob.grad
         assert grad is not None, "the loss does not depend on log_prob"
         assert torch.isfinite(grad).all()

@@ -11,20 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.config.checks.checker import get
-from polyrl.config.checks.data import preference_file_problems
-from polyrl.config.keys import plugin_settings
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError, get, plugin_settings, preference_file_problems
 
 ACTOR = "actor_rollout_ref.actor"
 #: ``actor_rollout_ref.actor.policy_loss.loss_mode`` -> TRL's ``loss_type``.
 LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
-#: Each pair's loss is spread over its tokens so that this aggregation averages it over pairs.
-PAIR_MEAN_AGGREGATION = "seq-mean-token-mean"
 
 CONFIG_DEFAULTS = {
     f"{ACTOR}.policy_loss.loss_mode": "dpo",
-    f"{ACTOR}.loss_agg_mode": PAIR_MEAN_AGGREGATION,
     # One optimizer step per batch of pairs, as TRL's DPOTrainer takes.
     f"{ACTOR}.ppo_mini_batch_size": "${data.train_batch_size}",
     # Two responses per prompt: the batch arithmetic of every check holds for pairs.
@@ -63,12 +57,6 @@ def _loss_problems(cfg: Any) -> list[str]:
         problems.append(
             f"{ACTOR}.policy_loss.loss_mode={mode!r}: algorithm dpo trains with a preference "
             f"loss, {' or '.join(LOSS_TYPES)}"
-        )
-    agg = get(cfg, f"{ACTOR}.loss_agg_mode")
-    if agg != PAIR_MEAN_AGGREGATION:
-        problems.append(
-            f"{ACTOR}.loss_agg_mode={agg!r}: a preference loss is one value per pair; "
-            f"{PAIR_MEAN_AGGREGATION} averages it over pairs (other modes weight pairs by length)"
         )
     temperature = get(cfg, "actor_rollout_ref.rollout.temperature")
     if temperature != 1.0:

@@ -14,10 +14,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from polyrl.data.preference import PreferenceDataset, PreferenceLoader, collate_pairs
-from polyrl.data.training import TrainingData, training_data_from_files
-from polyrl.step import StepContext
-from polyrl.step.stages import MODEL_INPUT_KEYS
+from polyrl.api import (
+    MODEL_INPUT_KEYS,
+    PreferenceDataset,
+    PreferenceLoader,
+    StepContext,
+    TrainingData,
+    collate_pairs,
+    training_data_from_files,
+)
 from polyrl_algo_dpo.config import LOSS_TYPES, dpo_settings
 
 HEADLINE_METRICS = ("rewards/accuracies", "rewards/margins")

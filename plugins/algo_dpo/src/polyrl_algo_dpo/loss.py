@@ -14,10 +14,10 @@ Metrics (TRL's): ``rewards/chosen``, ``rewards/rejected`` (mean implicit rewards
 ``rewards/accuracies`` (share of pairs whose chosen reward is the higher), ``rewards/margins``
 (mean difference), ``logps/chosen``, ``logps/rejected`` (mean policy log-probs).
 
-polyrl's policy losses return a per-token matrix that the actor aggregates with
-``loss_agg_mode``: every response token of both rows of pair ``i`` carries ``L_i``, so that
-``seq-mean-token-mean`` (each row's token mean, averaged over rows) is exactly the mean of
-``L_i`` over pairs, and stays exact when mini-batches are cut into micro-batches of whole pairs.
+Both are sequence-level losses (``PolicyLossSpec(level="sequence")``): each returns one value
+per row, ``L_i`` on both rows of pair ``i``, and the actor averages them over the mini-batch's
+rows, which is exactly the mean of ``L_i`` over pairs, also when mini-batches are cut into
+micro-batches of whole pairs. No per-token spreading, so ``loss_agg_mode`` plays no part.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from polyrl_algo_dpo.config import LOSS_TYPES, dpo_settings
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 
 @dataclass
@@ -111,18 +111,16 @@ def _pair_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     mask = batch["response_mask"]
     terms = pair_terms(log_prob, batch["ref_log_prob"], mask, dpo_settings(config).beta, loss_type)
-    per_row = terms.losses.repeat_interleave(2).unsqueeze(-1)
-    loss_mat = torch.where(mask != 0, per_row.expand_as(log_prob), torch.zeros_like(log_prob))
-    return loss_mat, terms.metrics()
+    return terms.losses.repeat_interleave(2), terms.metrics()
 
 
 def dpo_loss(batch: Batch, log_prob: torch.Tensor, config: Any) -> tuple[torch.Tensor, dict]:
-    """DPO's sigmoid loss as a per-token matrix (see the module docstring). Reads
+    """DPO's sigmoid loss, one value per row (its pair's; see the module docstring). Reads
     ``ref_log_prob`` and ``response_mask``; ``plugins.dpo.beta`` from the config's root."""
     return _pair_loss(batch, log_prob, config, LOSS_TYPES["dpo"])
 
 
 def ipo_loss(batch: Batch, log_prob: torch.Tensor, config: Any) -> tuple[torch.Tensor, dict]:
-    """IPO's squared loss on token-averaged log-probs, as a per-token matrix (as
+    """IPO's squared loss on token-averaged log-probs, one value per row (as
     :func:`dpo_loss`)."""
     return _pair_loss(batch, log_prob, config, LOSS_TYPES["ipo"])

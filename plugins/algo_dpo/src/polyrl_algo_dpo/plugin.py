@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import AlgorithmSpec, PolicyLossSpec
+from polyrl.api import AlgorithmSpec, PolicyLossSpec, hookimpl
 from polyrl_algo_dpo.config import CONFIG_DEFAULTS
 
 _PKG = "polyrl_algo_dpo"
@@ -36,6 +35,7 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
         "pair of rows (chosen, rejected); plugins.dpo.beta",
         fn=f"{_PKG}.loss:dpo_loss",
         requires=_LOSS_KEYS,
+        level="sequence",
     )
     yield PolicyLossSpec(
         name="ipo",
@@ -43,4 +43,5 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
         "1/(2 beta))^2 per pair of rows; plugins.dpo.beta",
         fn=f"{_PKG}.loss:ipo_loss",
         requires=_LOSS_KEYS,
+        level="sequence",
     )

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.data.preference import PREFERENCE_BATCH_KEYS
-from polyrl.step import StepContext, StepPipeline, StepState
-from polyrl.step.stages import RefLogProbStage, UpdateActorStage
+from polyrl.api import (
+    PREFERENCE_BATCH_KEYS,
+    RefLogProbStage,
+    StepContext,
+    StepPipeline,
+    StepState,
+    UpdateActorStage,
+)
 
 #: The loss's metrics the actor reports as ``actor/<name>``, logged as TRL names them.
 TRL_METRIC_PREFIXES = ("actor/rewards/", "actor/logps/")

@@ -1,80 +1,34 @@
-"""Plugins: every selected name exists, its implementation can be located, it supports the
-device, its ``plugins.<name>`` section has only its keys, and its own ``config_check`` passes.
+"""Plugins: every selected name exists, its implementation can be located and loaded, it
+supports the device, its ``plugins.<name>`` section has only its keys, and its own
+``config_check`` passes.
 
-Implementations are only *located* (their module file is found without running it), so a
-missing backend is reported here rather than after a GPU job has started. A plugin's
-``config_check`` is imported and run: it must be light (see :class:`polyrl.specs._Spec`).
+Implementations are first *located* (their module file is found without running it), then the
+selected ones are loaded (:meth:`~polyrl.registry.Registration.load`, with the plugin import
+timeout), so a missing backend or a misspelled import string is reported here rather than after
+a GPU job has started. A plugin's ``config_check`` is imported and run: it must be light (see
+:class:`polyrl.specs._Spec`).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.util
 from dataclasses import fields, is_dataclass
-from importlib.machinery import PathFinder
 from typing import Any
 
 from polyrl.config.checks.checker import MISSING, Checker, as_list, is_number
 from polyrl.errors import PolyrlError
 from polyrl.registry import Registration
-from polyrl.specs import PluginKind, resolve_object
+from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, PluginKind, resolve_object
 
 DEVICES = ("cpu", "cuda")
-# The attribute of each spec type that names its implementation.
-IMPLEMENTATION_ATTRIBUTES = ("engine", "fn", "provider", "logger", "pipeline")
 
 
-# ---- locating implementations ------------------------------------------------------------------
-def module_findable(module_name: str) -> str | None:
-    """None if ``module_name`` can be found on the path without executing any of it, else why not.
-
-    ``importlib.util.find_spec("a.b")`` would import ``a``; instead the top-level package is located
-    with the import system's finders and each submodule inside its parent's folder.
-    """
-    parts = module_name.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    if spec is None:
-        return f"No module named {parts[0]!r}"
-    for depth in range(1, len(parts)):
-        locations = spec.submodule_search_locations
-        name = ".".join(parts[: depth + 1])
-        if locations is None:
-            return f"{'.'.join(parts[:depth])!r} is not a package, so {name!r} cannot exist"
-        sub = PathFinder.find_spec(name, list(locations))
-        if sub is None:
-            return f"No module named {name!r}"
-        spec = sub
-    return None
-
-
-def implementation_target(reg: Registration) -> Any:
-    for attr in IMPLEMENTATION_ATTRIBUTES:
-        if hasattr(reg.spec, attr):
-            return getattr(reg.spec, attr)
-    return None
-
-
+# ---- locating and loading implementations ------------------------------------------------------
 def check_locatable(checker: Checker, key: str, reg: Registration) -> None:
-    target = implementation_target(reg)
-    if not isinstance(target, str):
-        return
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        checker.add(
-            f"{key}={reg.name!r}: package {reg.provenance.distribution} registers a malformed "
-            f"import string {target!r} (expected 'package.module:Attribute'); report it upstream"
-        )
-        return
-    why = module_findable(module_name)
+    """The implementation's module can be found (none of its code is run)."""
+    why = reg.locate_problem()
     if why:
-        checker.add(
-            f"{key}={reg.name!r}: its implementation {target!r} from package "
-            f"{reg.provenance.distribution} {reg.provenance.version} cannot be found ({why}). "
-            f"Reinstall it: pip install '{reg.provenance.distribution}'"
-        )
+        checker.add(f"{key}={reg.name!r}: {why}")
 
 
 def check_not_broken(checker: Checker, key: str, reg: Registration) -> None:
@@ -90,6 +44,15 @@ def check_not_broken(checker: Checker, key: str, reg: Registration) -> None:
         )
 
 
+def check_loadable(checker: Checker, key: str, reg: Registration) -> None:
+    """The implementation is imported (with the plugin import timeout): a module that imports
+    but lacks the named object, or fails while importing, is one line here, not a crash in a
+    worker."""
+    why = reg.implementation_problem(import_heavy=True)
+    if why:
+        checker.add(f"{key}={reg.name!r}: {why}")
+
+
 # ---- selection ---------------------------------------------------------------------------------
 def select(checker: Checker, kind: PluginKind, key: str, name: Any) -> Registration | None:
     if name is MISSING or name is None or name == "":
@@ -103,8 +66,11 @@ def select(checker: Checker, kind: PluginKind, key: str, name: Any) -> Registrat
     except PolyrlError as exc:
         checker.add(f"{key}: {exc}")
         return None
+    before = len(checker.problems)
     check_not_broken(checker, key, reg)
     check_locatable(checker, key, reg)
+    if len(checker.problems) == before:
+        check_loadable(checker, key, reg)
     return reg
 
 
@@ -139,6 +105,19 @@ def check_capabilities(checker: Checker, selected: dict[str, Registration]) -> N
             f"algorithm.adv_estimator={estimator.name!r} compares samples of one prompt, so it "
             f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): set "
             f"actor_rollout_ref.rollout.n=4, for example"
+        )
+    loss = selected.get(PluginKind.POLICY_LOSS.config_key)
+    cap = checker.get("actor_rollout_ref.actor.tis_imp_ratio_cap")
+    level = getattr(loss.spec, "level", None) if loss is not None else None
+    if level not in (None, *LOSS_LEVELS):
+        checker.add(
+            f"{loss.kind.config_key}={loss.name!r} (package {loss.provenance.distribution}) "
+            f"declares level={level!r}; a policy loss is {' or '.join(LOSS_LEVELS)}-level"
+        )
+    elif level == SEQUENCE_LEVEL and is_number(cap) and cap > 0:
+        checker.add(
+            f"actor_rollout_ref.actor.tis_imp_ratio_cap={cap}: the truncated importance weights "
+            f"are per token, and the policy loss {loss.name!r} is sequence-level; set -1"
         )
     device = checker.get("trainer.device")
     if device not in DEVICES:

@@ -168,8 +168,8 @@ class ActorRole(Role):
         self.engine = engine_cls(training_engine_context(ctx, engine_cfg, trainable=True))
         from polyrl.algorithms.actor_loss import make_actor_loss_fn
 
-        policy_loss = ctx.plan.load(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
-        self.loss_fn = make_actor_loss_fn(arr.actor, policy_loss)
+        loss = ctx.plan.registration(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
+        self.loss_fn = make_actor_loss_fn(arr.actor, loss.load(), loss.spec.level)
         self.temperature = float(arr.rollout.temperature)
         # A LoRA actor syncs the adapters alone into a rollout engine that loads them.
         self.sends_adapters = lora_rank(arr.model) > 0 and sync_sends_adapters(
