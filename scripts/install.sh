@@ -16,9 +16,10 @@ pip=("$py" -m pip --disable-pip-version-check --quiet)
 # CUDA build of several GB.
 "${pip[@]}" install torch==2.13.0
 
-# core's task extras ([tasks] = math, reasoning-gym, gguf, plot): the quickstart of `make train`
-# generates reasoning-gym data and converts the SmolLM2 GGUF; `make test` covers every scorer.
-specs=(-e "core[test,tasks]")
+# core's task extras ([tasks] = math, reasoning-gym, gguf, plot) and [tensorboard]: the
+# quickstart of `make train` generates reasoning-gym data and converts the SmolLM2 GGUF;
+# `make test` covers every scorer and logger.
+specs=(-e "core[test,tasks,tensorboard]")
 for pyproject in plugins/*/pyproject.toml; do
     dir=$(dirname "$pyproject")
     extras=$("$py" - "$pyproject" <<'PY'

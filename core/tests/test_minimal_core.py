@@ -53,6 +53,8 @@ def test_task_libraries_are_extras_not_dependencies() -> None:
     assert {_requirement_name(r) for r in extras["reasoning-gym"]} == {"reasoning-gym"}
     assert {_requirement_name(r) for r in extras["gguf"]} == {"gguf", "accelerate"}
     assert {_requirement_name(r) for r in extras["plot"]} == {"matplotlib"}
+    assert "tensorboard" not in dependencies
+    assert {_requirement_name(r) for r in extras["tensorboard"]} == {"tensorboard"}
     (aggregate,) = extras["tasks"]
     assert _requirement_name(aggregate) == "polyrl"
     assert set(aggregate.split("[", 1)[1].split("]")[0].split(",")) == {
@@ -65,7 +67,7 @@ def test_task_libraries_are_extras_not_dependencies() -> None:
 
 def test_install_script_installs_the_task_extras() -> None:
     script = (CORE.parent / "scripts" / "install.sh").read_text()
-    assert '-e "core[test,tasks]"' in script
+    assert '-e "core[test,tasks,tensorboard]"' in script
 
 
 # ---- without the task libraries, for real -------------------------------------------------------
@@ -269,3 +271,19 @@ def test_missing_extra_lists_every_missing_library(monkeypatch) -> None:
     )
     with pytest.raises(PolyrlError, match=r"^y needs math-verify"):
         require_extra("y", ("math_verify",))
+
+
+def test_the_tensorboard_logger_without_its_extra_is_one_line_before_ray(monkeypatch) -> None:
+    from polyrl.config import load_config
+    from polyrl.errors import PolyrlError
+    from polyrl.preflight import preflight
+
+    cfg = load_config(["recipe=tiny", "trainer.logger=[console,tensorboard]"])
+    preflight(cfg)  # installed here
+    _hide(monkeypatch, "tensorboard")
+    with pytest.raises(PolyrlError) as info:
+        preflight(cfg)
+    assert str(info.value) == (
+        "trainer.logger: the tensorboard logger needs tensorboard: "
+        "pip install 'polyrl[tensorboard]'"
+    )

@@ -9,7 +9,7 @@ and value, the missing module and the ``pip install`` command that fixes it; all
 raised together as one :class:`~polyrl.errors.PolyrlError`.
 
 It also holds the table of core's optional libraries (:data:`CORE_EXTRAS`): the task-specific
-libraries (reasoning-gym, math-verify, GGUF conversion, plotting) are extras of ``polyrl``, not
+libraries (reasoning-gym, math-verify, GGUF conversion, plotting) and TensorBoard are extras of ``polyrl``, not
 dependencies, and :func:`missing_extra` phrases the one-line message for each. Importing this
 module is cheap (no torch, no registry discovery).
 """
@@ -32,6 +32,7 @@ CORE_EXTRAS: dict[str, tuple[str, str]] = {
     "gguf": ("gguf", "gguf"),
     "accelerate": ("accelerate", "gguf"),
     "matplotlib": ("matplotlib", "plot"),
+    "tensorboard": ("tensorboard", "tensorboard"),
 }
 
 #: Extras named after ``trainer.device`` that first-party packages declare; used when the package
@@ -213,7 +214,8 @@ def preflight(cfg: Any, registry: Any = None) -> None:
 
 
 def _core_extra_problems(cfg: Any) -> list[str]:
-    """Lines for data sources and model paths that need an extra of ``polyrl`` not installed."""
+    """Lines for data sources, model paths and built-in loggers that need an extra of
+    ``polyrl`` not installed."""
     from polyrl.data.sources import missing_extra_for as data_missing
     from polyrl.models.resolve import missing_extra_for as model_missing
 
@@ -229,4 +231,9 @@ def _core_extra_problems(cfg: Any) -> list[str]:
         problem = model_missing(value) if isinstance(value, str) and value else None
         if problem:
             found.setdefault(problem, key)
+    loggers = _get(cfg, "trainer.logger")
+    if "tensorboard" in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        problem = missing_extra("the tensorboard logger", ["tensorboard"])
+        if problem:
+            found.setdefault(problem, "trainer.logger")
     return [f"{key}: {problem}" for problem, key in found.items()]

@@ -118,13 +118,17 @@ def sequence_log_probs(model: Any, sequences: list[list[int]]) -> list[Any]:
 
 
 # ---- the trainer's weight stream ---------------------------------------------------------------
-def fsdp_actor(model_path: str, device: str) -> Any:
-    """A one-rank FSDP2 actor of ``model_path`` in float32 (its process group must exist), with a
-    learning rate large enough that one step visibly moves the log-probs."""
+def fsdp_actor(model_path: str, device: str, engine: str = "fsdp2") -> Any:
+    """A one-rank actor of ``model_path`` on the training engine registered as ``engine``
+    (FSDP2 by default; looked up by name, so this kit depends on no engine package) in float32
+    (its process group must exist), with a learning rate large enough that one step visibly
+    moves the log-probs."""
     from polyrl.interfaces import EngineContext
-    from polyrl_engine_fsdp.engine import FSDPEngine
+    from polyrl.registry import get_registry
+    from polyrl.specs import PluginKind
 
-    return FSDPEngine(
+    engine_cls = get_registry().load(PluginKind.TRAINING_ENGINE, engine)
+    return engine_cls(
         EngineContext(
             role="actor",
             model_path=model_path,
