@@ -42,7 +42,7 @@ def test_settings_that_would_split_pairs_or_misweight_the_loss() -> None:
         "one optimizer step per batch of pairs",
         "loss_mode='vanilla': algorithm dpo trains with a preference loss, dpo or ipo",
         "rollout.temperature=0.7",
-        "plugins.dpo.beta=-1 must be > 0",
+        "plugins.dpo.beta=-1.0 must be > 0",  # typed: the section is DPOSettings
     ]
     for fragment in expected:
         assert any(fragment in line for line in found), (fragment, found)

@@ -45,8 +45,75 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             group=ALGORITHM_DEFAULTS_GROUP, name=name, node=values, package="_global_"
         )
         cfg = _compose([*overrides, f"{ALGORITHM_DEFAULTS_GROUP}={name}"])
+    _merge_plugin_settings(cfg)
     OmegaConf.resolve(cfg)
     return cfg
+
+
+def _merge_plugin_settings(cfg: DictConfig) -> None:
+    """Give each selected plugin that declares a ``config_class`` its typed section
+    ``plugins.<name>``: the dataclass's defaults with the user's values merged over them, so
+    that ``polyrl config`` shows every setting and a value of the wrong type is refused here,
+    in one line naming the key and the type it takes. A section with keys the class does not
+    declare is left as given: ``polyrl validate`` names the closest valid key."""
+    from dataclasses import fields
+
+    from omegaconf.errors import ValidationError
+
+    from polyrl.config.keys import schema_types
+    from polyrl.errors import ConfigError
+
+    for name, cls in _selected_config_classes(cfg).items():
+        given = OmegaConf.select(cfg, f"plugins.{name}", default=None)
+        given = OmegaConf.to_container(given, resolve=False) if given is not None else {}
+        if not isinstance(given, dict) or set(given) - {f.name for f in fields(cls)}:
+            continue
+        try:
+            section = OmegaConf.merge(OmegaConf.structured(cls), given)
+        except ValidationError as exc:
+            key = f"plugins.{name}.{exc.full_key}" if exc.full_key else f"plugins.{name}"
+            expected = schema_types(cls, f"plugins.{name}.").get(key)
+            takes = f"; {key} takes {expected}" if expected else ""
+            first = str(exc).splitlines()[0]
+            raise ConfigError(f"invalid config: {key}: {first}{takes}") from exc
+        OmegaConf.update(cfg, f"plugins.{name}", section, merge=False, force_add=True)
+
+
+def _selected_config_classes(cfg: DictConfig) -> dict[str, type]:
+    """``{name: config class}`` of the selected plugins that declare one (the first per name);
+    names that select nothing, or classes that cannot be loaded, are left to ``polyrl
+    validate``."""
+    from dataclasses import is_dataclass
+
+    from polyrl.errors import PolyrlError
+    from polyrl.plan import SINGLE_KINDS, select_algorithm, select_plugins
+    from polyrl.registry import get_registry
+    from polyrl.specs import PluginKind, resolve_object
+
+    registry = get_registry()
+    selected = []
+    try:
+        name = cfg.algorithm.name
+        selected.append(select_algorithm(name or None, str(cfg.algorithm.adv_estimator), registry))
+    except PolyrlError:
+        pass
+    for kind in (*SINGLE_KINDS, PluginKind.LOGGER):
+        try:
+            selected += select_plugins(cfg, registry, None, (kind,)).values()
+        except PolyrlError:
+            continue
+    classes: dict[str, type] = {}
+    for reg in selected:
+        target = getattr(reg.spec, "config_class", None)
+        if target is None or reg.name in classes:
+            continue
+        try:
+            cls = resolve_object(target)
+        except Exception:  # noqa: BLE001 - polyrl validate reports it with the package
+            continue
+        if is_dataclass(cls):
+            classes[reg.name] = cls
+    return classes
 
 
 def _compose(overrides: list[str]) -> DictConfig:
