@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_train_tiny import polyrl_train, read_records
+from test_train_tiny import polyrl_train, read_records, split_records
 
 from polyrl.data.generate import tiny_digit_pairs_rows
 
@@ -32,7 +32,7 @@ def recipe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_recipe_logs_trl_metrics_every_step_and_checkpoints(recipe_run: Path) -> None:
-    records = read_records(recipe_run)
+    _, records = split_records(read_records(recipe_run))
     assert [r["step"] for r in records] == list(range(1, 31))
     for record in records:
         missing = [m for m in (*TRL_METRICS, "actor/pg_loss", "timing_s/ref") if m not in record]
@@ -42,14 +42,15 @@ def test_recipe_logs_trl_metrics_every_step_and_checkpoints(recipe_run: Path) ->
 
 
 def test_preference_accuracy_rises_and_the_margin_grows(recipe_run: Path) -> None:
-    records = read_records(recipe_run)
-    val = {r["step"]: r for r in records if "val-core/rewards/accuracies" in r}
-    assert sorted(val) == [1, 10, 20, 30]
+    everything = read_records(recipe_run)
+    val = {r["step"]: r for r in everything if "val-core/rewards/accuracies" in r}
+    assert sorted(val) == [0, 10, 20, 30]  # 0: the validation before training
     # Before training the policy is the reference: every implicit reward is 0.
-    assert val[1]["val-core/rewards/accuracies"] == 0.0
-    assert val[1]["val-core/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert val[0]["val-core/rewards/accuracies"] == 0.0
+    assert val[0]["val-core/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert val[30]["val-core/rewards/accuracies"] >= 0.8, val[30]
-    margins = [val[step]["val-core/rewards/margins"] for step in (1, 10, 20, 30)]
+    margins = [val[step]["val-core/rewards/margins"] for step in (0, 10, 20, 30)]
+    _, records = split_records(everything)
     assert margins[-1] > 0.5 and margins[-1] > margins[1] + 0.3, margins
     train = [r["rewards/accuracies"] for r in records]
     assert sum(train[-5:]) / 5 > sum(train[:5]) / 5 + 0.2, train
@@ -90,10 +91,11 @@ def test_trl_layout_file_trains_validates_and_resumes_with_ipo(tmp_path: Path) -
     train_dpo(out, *common, "trainer.total_training_steps=2")
     resumed = train_dpo(out, *common, "trainer.total_training_steps=4")
     assert "resumed from" in resumed.stderr and "(step 2)" in resumed.stderr
-    records = read_records(out)
+    before, records = split_records(read_records(out))
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for record in records:
         assert all(name in record for name in TRL_METRICS), record
-    assert records[0]["val-aux/loss"] == pytest.approx(25.0, abs=1e-3)  # IPO: (0 - 1/(2 x 0.1))^2
+    assert before is not None
+    assert before["val-aux/loss"] == pytest.approx(25.0, abs=1e-3)  # IPO: (0 - 1/(2 x 0.1))^2
     assert "val-core/rewards/accuracies" in records[-1]
     assert (out / "global_step_4" / "actor").is_dir()

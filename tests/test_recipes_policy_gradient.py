@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_train_tiny import split_records
 
 from polyrl.config.loader import load_config
 
@@ -55,9 +56,10 @@ def train(recipe: str, out_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_learns(recipe: str, tmp_path: Path) -> None:
     cfg = load_config([f"recipe={recipe}"])
-    records = train(recipe, tmp_path)
+    val_before, records = split_records(train(recipe, tmp_path))
     assert [r["step"] for r in records] == list(range(1, cfg.trainer.total_training_steps + 1))
-    before, after = records[0][VAL_REWARD], records[-1][VAL_REWARD]
+    assert val_before is not None
+    before, after = val_before[VAL_REWARD], records[-1][VAL_REWARD]
     assert after > before + MIN_GAIN, f"{recipe}: validation reward {before} -> {after}"
     for name in OWN_METRICS.get(recipe, ()):
         assert all(name in r for r in records), f"{recipe}: a step lacks {name}"
@@ -75,5 +77,8 @@ def check_dynamic_sampling(cfg, records: list[dict]) -> None:
         assert kept >= wanted, r
         # a further round is drawn only while fewer than train_batch_size groups are kept
         assert kept - per_round < wanted or rounds == 1, r
+        # critic/score: every sampled response; critic/kept_score: the rows trained on, logged
+        # when filtering or trimming left fewer rows than were sampled
+        assert ("critic/kept_score/mean" in r) == (rounds * per_round > wanted), r
     assert sum(r["train/num_groups_dropped"] for r in records) > 0
     assert any(r["train/num_gen_batches"] > 1 for r in records)

@@ -9,7 +9,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from test_train_tiny import polyrl_train, read_records
+from test_train_tiny import polyrl_train, read_records, split_records
 
 # Located, not imported: collecting this file must not load DeepSpeed into the test process.
 pytestmark = [
@@ -39,7 +39,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_grpo_learns_with_deepspeed(run: tuple[Path, str]) -> None:
     out, _ = run
-    records = read_records(out)
+    val_before, records = split_records(read_records(out))
+    assert val_before is not None
     scores = [r["critic/score/mean"] for r in records[:20]]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last > first + 0.05, f"reward did not rise: first steps {scores[:5]}, last {scores[-5:]}"
@@ -58,7 +59,7 @@ def test_checkpoint_is_deepspeeds_and_a_run_resumes_from_it(run: tuple[Path, str
     assert (actor / "polyrl" / "mp_rank_00_model_states.pt").is_file()
     assert (actor / "extra_state_rank_1.pt").is_file()
     assert "resumed from" in stderr
-    assert [r["step"] for r in read_records(out)] == [*range(1, 21), 21, 22]
+    assert [r["step"] for r in read_records(out)] == [0, *range(1, 21), 21, 22]  # 0: val before
 
 
 def test_exported_model_loads(run: tuple[Path, str]) -> None:

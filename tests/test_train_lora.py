@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_train_tiny import final_weights, polyrl_train, read_records
+from test_train_tiny import final_weights, polyrl_train, read_records, split_records
 
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config, to_container
@@ -161,11 +161,12 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
 @pytest.mark.slow
 def test_lora_run_learns_with_adapters_reaching_the_rollout_every_step(lora_run) -> None:
     out, _ = lora_run
-    records = read_records(out)
+    val_before, records = split_records(read_records(out))
     assert [r["step"] for r in records] == list(range(1, 11))
     gaps = [r[GAP] for r in records]
     assert max(gaps) < SYNCED_GAP, f"sampler/trainer probability gap per step: {gaps}"
-    before, after = records[0][VAL_REWARD], records[-1][VAL_REWARD]
+    assert val_before is not None
+    before, after = val_before[VAL_REWARD], records[-1][VAL_REWARD]
     assert after >= before + 0.3, f"greedy val reward {before} -> {after}"
 
 
@@ -190,7 +191,7 @@ def test_lora_checkpoint_and_export_hold_adapters_and_resume_bitwise(lora_run) -
     a, b = final_weights(out), final_weights(resumed)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[name], b[name]) for name in a), "adapters differ after resume"
-    straight = {r["step"]: r["critic/score/mean"] for r in read_records(out)}
+    straight = {r["step"]: r["critic/score/mean"] for r in split_records(read_records(out))[1]}
     assert [straight[r["step"]] for r in read_records(resumed)] == [
         r["critic/score/mean"] for r in read_records(resumed)
     ]

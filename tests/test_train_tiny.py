@@ -64,6 +64,21 @@ def read_records(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def split_records(records: list[dict]) -> tuple[dict | None, list[dict]]:
+    """``(validation before training, training steps)``: the record of step 0, which holds the
+    validation before training and nothing else (None when it did not run), and the records of
+    steps 1, 2, ..."""
+    before = [r for r in records if r["step"] == 0]
+    steps = [r for r in records if r["step"] > 0]
+    assert len(before) <= 1, f"{len(before)} records of step 0"
+    if before:
+        extra = [
+            k for k in before[0] if k != "step" and not k.startswith(("val-core/", "val-aux/"))
+        ]
+        assert not extra, f"the validation-before-training record holds {extra}"
+    return (before[0] if before else None), steps
+
+
 def final_weights(out_dir: Path) -> dict:
     files = sorted((out_dir / "hf_model").glob("*.safetensors"))
     assert files, f"no exported model in {out_dir / 'hf_model'}"
@@ -96,7 +111,8 @@ def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_run_writes_one_record_per_step_with_verl_metric_names(learning_run: Path) -> None:
-    records = read_records(learning_run)
+    before, records = split_records(read_records(learning_run))
+    assert before is not None and any(key.startswith("val-core/") for key in before)
     assert [r["step"] for r in records] == list(range(1, 25))
     for record in records:
         missing = [name for name in REQUIRED_METRICS if name not in record]
@@ -105,7 +121,7 @@ def test_run_writes_one_record_per_step_with_verl_metric_names(learning_run: Pat
 
 
 def test_grpo_raises_the_mean_reward(learning_run: Path) -> None:
-    scores = [r["critic/score/mean"] for r in read_records(learning_run)]
+    scores = [r["critic/score/mean"] for r in split_records(read_records(learning_run))[1]]
     first, last = sum(scores[:6]) / 6, sum(scores[-6:]) / 6
     assert last > first + 0.1, f"reward did not rise: first steps {scores[:6]}, last {scores[-6:]}"
 

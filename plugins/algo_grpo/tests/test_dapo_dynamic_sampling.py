@@ -24,6 +24,7 @@ from polyrl.interfaces import RewardContext
 from polyrl.rewards.scorers import tiny_digits_score
 from polyrl.step import Stage, StepContext, StepState, policy_gradient_pipeline
 from polyrl.step.stages import training_sampling_params
+from polyrl.trainer.metrics import step_batch_metrics
 from polyrl_algo_grpo.dapo import dapo_pipeline
 from polyrl_algo_grpo.dynamic_sampling import DynamicSamplingError, DynamicSamplingStage
 
@@ -279,3 +280,39 @@ def test_checkpoints_hold_the_state_of_the_stages_it_runs(parts):
     resumed = DynamicSamplingStage(step.cfg, standard["gen"], [standard["reward"], CountingStage()])
     resumed.load_state_dict(saved)
     assert resumed.state_dict() == saved
+
+
+def test_scores_are_reported_for_the_sampled_responses_and_the_kept_ones(parts):
+    """2 groups of 4 per round. Round 1: A mixed (1, 0, 0, 0, kept), B all wrong (0 x 4,
+    dropped); round 2: C mixed (kept), D all right (1 x 4, dropped). Sampled: 6 of 16 responses
+    right (mean 0.375); kept: A and C, 2 of 8 (mean 0.25)."""
+    answers = iter(
+        [mixed, lambda d, n: ["abc"] * n, mixed, agreeing]  # one per group, in order
+    )
+    step = make_step(
+        parts,
+        "data.train_batch_size=2",
+        "data.gen_batch_size=2",
+        "actor_rollout_ref.rollout.n=4",
+        answer=lambda digit, n: next(answers)(digit, n),
+    )
+    step.stage.run(step.state, step.ctx)
+    metrics = step.state.metrics
+    assert metrics["train/num_gen_batches"] == 2 and metrics["train/num_groups_dropped"] == 2
+    assert metrics["critic/score/mean"] == pytest.approx(6 / 16)
+    assert (metrics["critic/score/max"], metrics["critic/score/min"]) == (1.0, 0.0)
+
+    kept = step_batch_metrics(step.state.batch, metrics)
+    assert kept["critic/kept_score/mean"] == pytest.approx(2 / 8)
+    assert "critic/score/mean" not in kept
+
+
+def test_without_dropped_rows_the_score_is_the_batchs_own(parts):
+    step = make_step(parts, "data.train_batch_size=2", "data.gen_batch_size=2", answer=mixed)
+    step.stage.run(step.state, step.ctx)
+    assert "critic/score/mean" not in step.state.metrics  # the final batch is the sampled one
+
+    n = int(step.cfg.actor_rollout_ref.rollout.n)
+    batch_metrics = step_batch_metrics(step.state.batch, step.state.metrics)
+    assert batch_metrics["critic/score/mean"] == pytest.approx(1 / n)  # one right per group
+    assert "critic/kept_score/mean" not in batch_metrics

@@ -17,8 +17,9 @@ record (plots, the end-to-end tests and resume all read it), hence these choices
 * A fresh run (``resumed_from_step == 0``) that finds a ``metrics.jsonl`` from an earlier run
   moves it aside to ``metrics.<timestamp>.jsonl`` instead of appending to it or deleting it.
 
-Each ``log()`` call writes one line; the trainer logs once per step (validation metrics merged
-into the step's dict), so steps are unique.
+Each ``log()`` call writes one line; the trainer logs once per training step (validation metrics
+merged into the step's dict) and, when it validates before training, once at step 0 with those
+metrics alone, so steps are unique.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and friends, or assemble their own list.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,18 @@ class StepState:
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
 
+    def record_sampled_scores(self, *sampled: Batch) -> None:
+        """For a stage that drops rows (a group filter): call it with the scored batch(es) before
+        filtering (``token_level_scores`` of every sampled response). The step's
+        ``critic/score/*`` then describe those sampled responses, and the trainer reports the
+        rows that reach the end of the step (the ones trained on) as ``critic/kept_score/*``.
+        Without a call, ``critic/score/*`` describe the step's final batch, which is then the
+        sampled one. (The filter records them, not the reward stage: scoring stages after the
+        reward's, such as DAPO's overlong penalty, still change the scores.)"""
+        from polyrl.trainer.metrics import sampled_score_metrics
+
+        self.metrics.update(sampled_score_metrics(sampled))
+
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
         """Add the wall time of the block to ``timing_s/<name>``."""
@@ -63,18 +75,30 @@ class Stage:
     roles called through ``ctx.workers`` (``actor``, ``rollout``, ``ref`` ...). A stage may keep
     state across steps (a KL controller): :meth:`state_dict` is saved in every checkpoint and
     handed back to :meth:`load_state_dict` on resume.
+
+    ``recomputes_on_policy``: keys of ``requires`` the stage computes itself when the batch
+    lacks them and the update is a single optimizer step (the actor update takes the detached
+    log-probs of its own forward pass as ``old_log_probs``). A stage providing such a key may
+    skip its work when no other stage reads it (see :meth:`link`); every other reader gets it.
     """
 
     name: str = ""
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+    recomputes_on_policy: tuple[str, ...] = ()
 
     def bind(self, plan: RunPlan) -> None:
         """Called once with the run plan (:func:`polyrl.plan.assemble`), before the key chain is
         checked: a stage whose declarations or work depend on the selected plugins (the
         estimator's ``requires``, the rollout engine's log-probs) takes them from ``plan`` here,
         so that no stage looks plugins up itself."""
+
+    def link(self, later: Sequence[Stage]) -> None:
+        """Called by the pipeline before every run with the stages that run after this one: a
+        stage whose work depends on who reads what it provides decides here (the old log-probs
+        stage skips its forward pass on an on-policy step only when no later stage but an
+        update that recomputes them reads ``old_log_probs``)."""
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         raise NotImplementedError(f"stage {self.name!r} ({type(self).__name__}) must define run()")
@@ -195,7 +219,14 @@ class StepPipeline:
             )
         return "\n".join(lines)
 
+    def link(self) -> None:
+        """Show every stage the stages after it (:meth:`Stage.link`). :meth:`run` does it first,
+        so a pipeline edited after it was checked still runs as it reads."""
+        for position, stage in enumerate(self.stages):
+            stage.link(self.stages[position + 1 :])
+
     def run(self, state: StepState, ctx: StepContext) -> StepState:
+        self.link()
         for stage in self.stages:
             with state.timed(stage.name):
                 stage.run(state, ctx)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -167,9 +168,21 @@ def update_plan(cfg: Any, num_rows: int, dp_size: int, step: int) -> MiniBatchPl
 class OldLogProbStage(Stage):
     """Log-probs of the sampled responses under the actor before the update.
 
-    When this batch's update is a single optimizer step (on-policy) and no stage before the
-    update reads them (``needed_before_update`` false), the forward pass is skipped: the
-    update then takes the detached log-probs of its own forward pass, which are identical.
+    The forward pass is skipped when this batch's update is a single optimizer step
+    (on-policy) and the only stages that read ``old_log_probs`` recompute them on such a step
+    (``recomputes_on_policy``: the actor update, which then takes the detached log-probs of its
+    own forward pass, identical to these). Any other reader, before or after the update (a KL
+    penalty in the reward, a plugin's stage), gets them computed: the stage provides what it
+    declares whenever someone reads it, so the chain ``polyrl validate`` checks
+    (:meth:`StepPipeline.check`) is the chain that runs. The pipeline shows the stage its later
+    stages before every run (:meth:`link`), so an edited pipeline cannot leave it stale.
+    Declaring the key as provided only sometimes would instead make every reader handle its
+    absence; computing it for the readers that need it keeps the contract unconditional.
+    ``needed_before_update`` forces the forward pass whatever reads it.
+
+    On a step where the forward pass runs and the batch has the rollout's own log-probs, the
+    probability-gap metrics (:mod:`polyrl.algorithms.rollout_gap`) are computed here; on a
+    skipped step, the actor's update reports them from its forward pass.
     """
 
     name = "old_log_prob"
@@ -179,9 +192,17 @@ class OldLogProbStage(Stage):
 
     def __init__(self, needed_before_update: bool = False) -> None:
         self.needed_before_update = needed_before_update
+        # The later stages that read old_log_probs and do not recompute them (set by link).
+        self.read_by: tuple[str, ...] = ()
+
+    def link(self, later: Sequence[Stage]) -> None:
+        key = "old_log_probs"
+        self.read_by = tuple(
+            s.name for s in later if key in s.requires and key not in s.recomputes_on_policy
+        )
 
     def run(self, state: StepState, ctx: StepContext) -> None:
-        if not self.needed_before_update:
+        if not self.needed_before_update and not self.read_by:
             plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)
             if plan.on_policy:
                 return
@@ -199,17 +220,11 @@ class OldLogProbStage(Stage):
 
 
 def rollout_mismatch_metrics(batch: Batch) -> dict[str, float]:
-    """How far the rollout engine's sampling probabilities are from the trainer's for the same
-    tokens (verl's ``training/rollout_probs_diff_*``): near zero when weight sync and numerics
-    agree; a growing gap means the sampler runs stale or different weights."""
-    mask = batch["response_mask"].bool()
-    diff = (batch["rollout_log_probs"].exp() - batch["old_log_probs"].exp()).abs()[mask]
-    if diff.numel() == 0:
-        return {}
-    return {
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_max": float(diff.max()),
-    }
+    """``training/rollout_probs_diff_mean`` and ``_max`` of the batch's ``rollout_log_probs``
+    against its ``old_log_probs`` (see :mod:`polyrl.algorithms.rollout_gap`)."""
+    from polyrl.algorithms.rollout_gap import gap_metrics
+
+    return gap_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
 
 
 class RefLogProbStage(Stage):
@@ -303,10 +318,18 @@ class AdvantageStage(Stage):
 class UpdateActorStage(Stage):
     """PPO epochs over mini-batches planned from this batch; the workers receive the keys the
     policy loss (and the KL loss and the truncated importance-sampling correction, when on)
-    declare, nothing else."""
+    declare, nothing else.
+
+    On an on-policy batch without ``old_log_probs`` (the ``old_log_prob`` stage skipped its
+    forward pass) the actor takes its own forward pass's log-probs as the old ones; the batch's
+    ``rollout_log_probs``, when it has them, then go along too, so the actor reports the
+    probability-gap metrics the skipped stage would have (the ranks' parts combined here, see
+    :mod:`polyrl.algorithms.rollout_gap`).
+    """
 
     name = "update_actor"
     roles = ("actor",)
+    recomputes_on_policy = ("old_log_probs",)
 
     def __init__(self, cfg: Any) -> None:
         actor = cfg.actor_rollout_ref.actor
@@ -326,9 +349,15 @@ class UpdateActorStage(Stage):
         missing = [k for k in self.requires if k not in state.batch]
         if missing and not (missing == ["old_log_probs"] and plan.on_policy):
             raise KeyError(f"stage {self.name!r}: the batch lacks {missing}")
+        if missing and "rollout_log_probs" in state.batch and "rollout_log_probs" not in keys:
+            keys.append("rollout_log_probs")  # for the gap metrics of the on-policy update
         per_rank = ctx.workers.call(
             "actor", "update", state.batch.select_keys(keys), plan, dispatch=Dispatch.DP_SPLIT
         )
+        from polyrl.algorithms.rollout_gap import combine_parts
+
+        per_rank = [dict(metrics) for metrics in per_rank]
+        state.metrics.update(combine_parts(per_rank))
         for key in per_rank[0]:
             state.metrics[key] = float(np.mean([m[key] for m in per_rank]))
         state.metrics["actor/optimizer_steps"] = float(plan.optimizer_steps)

@@ -38,7 +38,7 @@ from polyrl.specs import resolve_object
 from polyrl.step.context import StepContext
 from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
-from polyrl.trainer.metrics import data_metrics, timing_and_throughput
+from polyrl.trainer.metrics import step_batch_metrics, timing_and_throughput
 from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray
@@ -287,18 +287,16 @@ class RLTrainer:
             if cfg.val_before_train and start_step == 0 and self.data.validate is not None:
                 val_before = self.validate()
                 print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
-            # The first step's record also carries the validation before training (unless that
-            # step validates itself), so metrics.jsonl holds exactly one record per step.
-            pending_val = dict(val_before)
+                # Its own record, at step 0 (the policy no update has touched yet); then one
+                # record per training step, 1, 2, ...
+                if val_before:
+                    loggers.log(val_before, 0)
             for step in range(start_step + 1, self.total_steps + 1):
                 metrics = self._train_step(step)
                 is_last = step == self.total_steps
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                     val_after = self.validate()
                     metrics.update(val_after)
-                for name, value in pending_val.items():
-                    metrics.setdefault(name, value)
-                pending_val = {}
                 metrics["training/epoch"] = float(self.loader.epoch)
                 loggers.log(metrics, step)
                 if self._saves_checkpoint(step):
@@ -332,7 +330,7 @@ class RLTrainer:
         )
         state.timing["step"] = time.perf_counter() - start
         metrics = dict(state.metrics)
-        metrics.update(data_metrics(state.batch))
+        metrics.update(step_batch_metrics(state.batch, state.metrics))
         metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
         return metrics
 
@@ -372,14 +370,18 @@ def config_summary(cfg: DictConfig, plan: RunPlan) -> str:
 
 
 def describe_result(result: TrainResult) -> str:
+    """The run's summary: the outputs it wrote, only those that exist (no ``metrics.jsonl``
+    without the jsonl logger), and each validation reward before -> after."""
     lines = [f"polyrl: finished {result.steps} steps. Outputs in {result.output_dir}:"]
-    if result.checkpoint:
-        lines.append(f"  checkpoint    {result.checkpoint}")
-    if result.hf_model:
-        lines.append(f"  HF model      {result.hf_model}")
-    lines.append(f"  metrics       {result.metrics_file}")
-    if result.plot:
-        lines.append(f"  reward curve  {result.plot}")
+    outputs = (
+        ("checkpoint", result.checkpoint),
+        ("HF model", result.hf_model),
+        ("metrics", result.metrics_file),
+        ("reward curve", result.plot),
+    )
+    for label, path in outputs:
+        if path and os.path.exists(path):
+            lines.append(f"  {label:<13} {path}")
     for name, before in sorted(result.val_before.items()):
         if name.startswith("val-core/") and name in result.val_after:
             lines.append(f"  {name}: {before:.3f} before -> {result.val_after[name]:.3f} after")

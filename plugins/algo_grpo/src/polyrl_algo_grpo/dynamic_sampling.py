@@ -14,17 +14,25 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from polyrl.batch import Batch
-from polyrl.errors import PolyrlError
-from polyrl.interfaces import RewardProvider, RewardResult, RewardSample
-from polyrl.seeding import derive_seed
-from polyrl.step import Stage, StepContext, StepPipeline, StepState
-from polyrl.step.stages import generate, training_sampling_params
+from polyrl.api import (
+    Batch,
+    PolyrlError,
+    RewardProvider,
+    RewardResult,
+    RewardSample,
+    Stage,
+    StepContext,
+    StepPipeline,
+    StepState,
+    derive_seed,
+    generate,
+    training_sampling_params,
+)
 from polyrl_algo_grpo.group_filter import first_groups, groups_with_spread, metric_values
 from polyrl_algo_grpo.rollout_rounds import PromptStream, concat_rounds
 
@@ -50,11 +58,14 @@ class RecordingReward(RewardProvider):
 
 @dataclass
 class Tally:
-    """What the rounds of one step saw."""
+    """What the rounds of one step saw; ``sampled``: each round's scores before filtering (the
+    ``token_level_scores`` of its ``sampled_rows`` rows)."""
 
     rounds: int = 0
     kept: int = 0
     dropped: int = 0
+    sampled_rows: int = 0
+    sampled: list[Batch] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -76,6 +87,10 @@ class DynamicSamplingStage(Stage):
     Metrics: ``train/num_gen_batches`` (rounds), ``train/num_groups_kept`` and
     ``train/num_groups_dropped`` (over all rounds, before trimming); the scoring stages' own
     metrics averaged over the rounds; ``timing_s/gen`` and each scoring stage's timing summed.
+    When rows were dropped, ``critic/score/*`` are those of every response sampled (all rounds,
+    scored by the whole scoring chain, before filtering) and the trainer reports the kept rows'
+    as ``critic/kept_score/*`` (:meth:`StepState.record_sampled_scores`): the kept groups all
+    have a spread, so their mean says little about how well the policy does.
     """
 
     name = "dynamic_sampling"
@@ -125,6 +140,8 @@ class DynamicSamplingStage(Stage):
         state.batch = batch.select_rows(rows)
         state.metrics.update({k: float(np.mean(v)) for k, v in round_metrics.items()})
         state.metrics.update(tally.metrics())
+        if len(state.batch) < tally.sampled_rows:
+            state.record_sampled_scores(*tally.sampled)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the scoring stages it runs (a reward stage's failure history), so that
@@ -150,6 +167,8 @@ class DynamicSamplingStage(Stage):
         self.scoring.run(scored, replace(ctx, reward=recorder))
         for key, seconds in scored.timing.items():
             state.timing[key] = state.timing.get(key, 0.0) + seconds
+        tally.sampled_rows += len(scored.batch)
+        tally.sampled.append(scored.batch.select_keys(("token_level_scores",)))
         values = metric_values(scored.batch, recorder.results, self.metric)
         verdict = groups_with_spread(scored.batch["uid"], values)
         tally.kept += verdict.kept

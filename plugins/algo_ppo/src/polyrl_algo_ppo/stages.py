@@ -16,10 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from polyrl.step import Stage, StepContext, StepPipeline, StepState, policy_gradient_pipeline
-from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
-from polyrl.step.stages import MODEL_INPUT_KEYS
-from polyrl.workers.dispatch import Dispatch
+from polyrl.api import (
+    MODEL_INPUT_KEYS,
+    Dispatch,
+    MiniBatchPlan,
+    Stage,
+    StepContext,
+    StepPipeline,
+    StepState,
+    plan_minibatches,
+    policy_gradient_pipeline,
+)
 from polyrl_algo_ppo.metrics import value_metrics
 
 
@@ -83,6 +90,7 @@ class AfterCriticWarmup(Stage):
         self.stage, self.warmup = stage, warmup
         self.name, self.roles = stage.name, stage.roles
         self.requires, self.provides = stage.requires, stage.provides
+        self.recomputes_on_policy = stage.recomputes_on_policy
 
     def run(self, state: StepState, ctx: StepContext) -> None:
         if state.step >= self.warmup:
