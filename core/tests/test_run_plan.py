@@ -21,7 +21,9 @@ def _imports_registry(path: Path) -> list[int]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             names = {alias.name for alias in node.names}
-            if node.module == "polyrl.registry" or (node.module == "polyrl" and "registry" in names):
+            if node.module == "polyrl.registry" or (
+                node.module == "polyrl" and "registry" in names
+            ):
                 lines.append(node.lineno)
         elif isinstance(node, ast.Import):
             lines += [node.lineno for a in node.names if a.name == "polyrl.registry"]
@@ -101,3 +103,23 @@ def test_the_plan_describes_plugins_stages_and_pools() -> None:
     assert "critic.strategy" in text and "(polyrl-engine-fsdp " in text
     assert "stages:" in text and "values [critic]" in text
     assert "pools:\n  global: " in text
+
+
+def test_a_wrapped_stage_is_bound_too(register_plugin) -> None:
+    # PPO wraps update_actor while the critic warms up: the wrapper must pass the plan on
+    register_plugin(
+        PolicyLossSpec(
+            name="with_sampler",
+            description="reads the sampler's log-probs",
+            fn=lambda batch, log_prob, config: (log_prob, {}),
+            requires=("old_log_probs", "advantages", "response_mask", "rollout_log_probs"),
+        )
+    )
+    cfg = load_config(
+        [
+            "recipe=ppo",
+            "trainer.critic_warmup=3",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=with_sampler",
+        ]
+    )
+    assert "rollout_log_probs" in assemble(cfg).pipeline["update_actor"].requires

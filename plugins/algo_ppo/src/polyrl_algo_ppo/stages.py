@@ -92,6 +92,14 @@ class AfterCriticWarmup(Stage):
         self.requires, self.provides = stage.requires, stage.provides
         self.recomputes_on_policy = stage.recomputes_on_policy
 
+    def bind(self, plan: Any) -> None:
+        """The wrapped stage is bound, and its plan-dependent declarations become this one's."""
+        self.stage.bind(plan)
+        self.requires, self.provides = self.stage.requires, self.stage.provides
+
+    def link(self, later: Any) -> None:
+        self.stage.link(later)
+
     def run(self, state: StepState, ctx: StepContext) -> None:
         if state.step >= self.warmup:
             self.stage.run(state, ctx)

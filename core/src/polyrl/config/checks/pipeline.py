@@ -93,7 +93,15 @@ def _all_selected(checker: Checker, selected: dict[str, Registration]) -> bool:
     logger_count = sum(key.startswith(loggers + "[") for key in selected)
     named = checker.get(loggers)
     wanted = len([named] if isinstance(named, str) else list(named or ()))
-    return logger_count == wanted and all(k.config_key in selected for k in SINGLE_KINDS)
+    if logger_count != wanted or any(k.config_key not in selected for k in SINGLE_KINDS):
+        return False
+    # An algorithm's own plugin keys (the critic's critic.strategy) are its config check's to
+    # report, with what that key needs (a value head).
+    algorithm = selected.get(ALGORITHM_KEY)
+    for key, kind in dict(getattr(algorithm.spec, "plugin_keys", {}) if algorithm else {}).items():
+        if str(checker.get(key)) not in checker.registry.names(PluginKind(kind)):
+            return False
+    return True
 
 
 def check_step(
