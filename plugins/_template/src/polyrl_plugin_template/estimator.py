@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.config.keys import plugin_settings
+from polyrl.api import plugin_settings
 from polyrl_plugin_template.settings import ReinforceBaselineSettings
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 SETTINGS_SECTION = "template_reinforce"
 

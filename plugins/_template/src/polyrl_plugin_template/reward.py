@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 
-from polyrl.config.keys import plugin_settings
-from polyrl.interfaces import RewardContext, RewardProvider, RewardResult, RewardSample
+from polyrl.api import RewardContext, RewardProvider, RewardResult, RewardSample, plugin_settings
 from polyrl_plugin_template.settings import KeywordRewardSettings
 
 SETTINGS_SECTION = "template_keyword"

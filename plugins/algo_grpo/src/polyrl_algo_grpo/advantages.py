@@ -25,7 +25,7 @@ import torch
 from polyrl_algo_grpo.grouping import GroupStats, group_stats
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 GRPO_EPSILON = 1e-6
 

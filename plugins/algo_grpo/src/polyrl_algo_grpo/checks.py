@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.config.checks import role_world
+from polyrl.api import role_world
 
 
 def _filter_groups_problems(cfg: Any) -> list[str]:

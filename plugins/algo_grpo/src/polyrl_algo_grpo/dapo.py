@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.step import StepPipeline, policy_gradient_pipeline
+from polyrl.api import StepPipeline, policy_gradient_pipeline
 from polyrl_algo_grpo.dynamic_sampling import with_dynamic_sampling
 from polyrl_algo_grpo.overlong import OverlongPenaltyStage
 

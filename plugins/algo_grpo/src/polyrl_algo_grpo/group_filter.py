@@ -15,9 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from polyrl.batch import Batch
-from polyrl.errors import ConfigError
-from polyrl.interfaces import RewardResult
+from polyrl.api import Batch, ConfigError, RewardResult
 
 # Filter metrics computed from the batch (verl's names); any other name is read from the reward.
 SEQUENCE_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.algorithms import clip_ratios, clipped_surrogate, masked_mean
+from polyrl.api import clip_ratios, clipped_surrogate, masked_mean
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 LOG_SEQ_RATIO_MAX = 10.0  # exp(10) ~ 2.2e4: enough to be clipped, far from overflow
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from polyrl.step import Stage, StepContext, StepState
+from polyrl.api import Stage, StepContext, StepState
 
 SHAPED_KEYS = ("token_level_scores", "token_level_rewards")
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec
+from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec, hookimpl
 
 _ADV = "polyrl_algo_grpo.advantages"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
 # whole family; they differ in the estimator and, for Dr.GRPO, the loss aggregation.
-_STEP = "polyrl.step.policy_gradient:policy_gradient_pipeline"
+_STEP = "polyrl.api:policy_gradient_pipeline"
 _ROLES = ("actor", "rollout", "ref", "reward_model")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "position_ids")
 

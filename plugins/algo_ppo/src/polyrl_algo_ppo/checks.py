@@ -7,14 +7,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from polyrl.config.checks import role_world
-from polyrl.config.checks.batches import check_ppo_batches
-from polyrl.config.checks.checker import Checker, is_positive_int
-from polyrl.config.checks.model import looks_local
-from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
-from polyrl.errors import PolyrlError
-from polyrl.registry import get_registry
-from polyrl.specs import PluginKind
+from polyrl.api import (
+    LOSS_AGG_MODES,
+    Checker,
+    PluginKind,
+    PolyrlError,
+    at_least,
+    check_ppo_batches,
+    get_registry,
+    is_positive_int,
+    looks_local,
+    role_world,
+)
 
 CRITIC = "critic"
 

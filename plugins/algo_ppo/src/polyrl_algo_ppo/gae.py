@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.algorithms.functional import masked_whiten
+from polyrl.api import masked_whiten
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 
 def value_metrics(batch: Batch) -> dict[str, float]:

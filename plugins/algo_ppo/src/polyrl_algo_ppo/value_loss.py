@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polyrl.algorithms.functional import masked_mean
-from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
+from polyrl.api import agg_loss, check_loss_agg_mode, masked_mean
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
-    from polyrl.interfaces.training_engine import MicroBatchValueLossFn
+    from polyrl.api import Batch, MicroBatchValueLossFn
 
 
 def clipped_value_loss(

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from polyrl.algorithms import masked_whiten
+from polyrl.api import masked_whiten
 from polyrl_algo_grpo.grouping import group_stats
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
 
 def _rewards_and_mask(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

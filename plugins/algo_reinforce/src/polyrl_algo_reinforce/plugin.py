@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import ESTIMATOR_KEYS, AdvantageEstimatorSpec, AlgorithmSpec
+from polyrl.api import ESTIMATOR_KEYS, AdvantageEstimatorSpec, AlgorithmSpec, hookimpl
 
 _ADV = "polyrl_algo_reinforce.advantages"
-_STEP = "polyrl.step.policy_gradient:policy_gradient_pipeline"
+_STEP = "polyrl.api:policy_gradient_pipeline"
 _ROLES = ("actor", "rollout", "ref", "reward_model")
 
 

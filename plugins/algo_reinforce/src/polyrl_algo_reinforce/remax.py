@@ -12,8 +12,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from polyrl.step import Stage, StepContext, StepPipeline, StepState, policy_gradient_pipeline
-from polyrl.step.stages import generate, score_responses, training_sampling_params
+from polyrl.api import (
+    Stage,
+    StepContext,
+    StepPipeline,
+    StepState,
+    generate,
+    policy_gradient_pipeline,
+    score_responses,
+    training_sampling_params,
+)
 
 BASELINE_KEY = "reward_baselines"  # verl's name for ReMax's baseline
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.config.keys import plugin_settings
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError, plugin_settings
 
 SECTION = "deepspeed"
 ZERO_STAGES = (1, 2, 3)

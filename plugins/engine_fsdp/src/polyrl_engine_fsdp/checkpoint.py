@@ -33,8 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from polyrl.errors import PolyrlError
-from polyrl.safe_load import SafeFileSystemReader, load_plain
+from polyrl.api import PolyrlError, SafeFileSystemReader, load_plain
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 TOKENIZER_FILES = (

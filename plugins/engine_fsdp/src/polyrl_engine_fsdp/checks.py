@@ -10,8 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from polyrl.config.checks import role_world
-from polyrl.lora import lora_problems, lora_rank
+from polyrl.api import lora_problems, lora_rank, role_world
 from polyrl_engine_fsdp.plugin import ENGINE_NAMES
 
 ACTOR = "actor_rollout_ref.actor"

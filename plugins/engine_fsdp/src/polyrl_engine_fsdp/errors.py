@@ -6,7 +6,7 @@ mistake lets a caller (or a test) catch it the same way whichever engine a run s
 
 from __future__ import annotations
 
-from polyrl.errors import PolyrlError
+from polyrl.api import PolyrlError
 
 
 class EngineUsageError(PolyrlError):

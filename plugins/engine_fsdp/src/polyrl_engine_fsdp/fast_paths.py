@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from polyrl.batch import Batch
-from polyrl.interfaces.training_engine import ModelHead
+from polyrl.api import Batch, ModelHead
 from polyrl_engine_fsdp.compiling import compile_decoder_layers
 from polyrl_engine_fsdp.config import EngineSettings
 from polyrl_engine_fsdp.liger import apply_liger

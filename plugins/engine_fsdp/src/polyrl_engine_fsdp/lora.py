@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError
 from polyrl_engine_fsdp.config import LoraSettings
 
 ADAPTER = "default"  # peft's name of the one adapter the engine trains

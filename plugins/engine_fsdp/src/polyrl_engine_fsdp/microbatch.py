@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError
 
 if TYPE_CHECKING:
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
     from polyrl_engine_fsdp.config import EngineSettings
 
 

@@ -21,8 +21,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from polyrl.errors import ConfigError
-from polyrl.interfaces.training_engine import ModelHead
+from polyrl.api import ConfigError, ModelHead
 from polyrl_engine_fsdp.config import EngineSettings
 
 _CONFIG_KWARGS = ("attn_implementation",)

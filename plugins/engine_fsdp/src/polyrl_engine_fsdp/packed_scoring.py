@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 from polyrl_engine_fsdp.fused_logprob import linear_log_prob
 from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
 from polyrl_engine_fsdp.packing import PackedRows, pack_rows, unpack

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from polyrl.interfaces.training_engine import EngineContext
+from polyrl.api import EngineContext
 from polyrl_engine_fsdp.errors import EngineUsageError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 from polyrl_engine_fsdp.errors import BatchLayoutError
 from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
 from polyrl_engine_fsdp.microbatch import TrimmedInputs, trim_columns

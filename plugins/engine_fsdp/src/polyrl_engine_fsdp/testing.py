@@ -16,10 +16,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from polyrl.batch import Batch
-from polyrl.config.schema import PolyrlConfig
-from polyrl.interfaces.training_engine import EngineContext
-from polyrl.models.tiny import build_tiny_model
+from polyrl.api import Batch, EngineContext
+from polyrl.api.testing import PolyrlConfig, build_tiny_model
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from polyrl.safe_load import load_plain
+from polyrl.api import load_plain
 from polyrl_engine_fsdp.checkpoint import CheckpointError
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"

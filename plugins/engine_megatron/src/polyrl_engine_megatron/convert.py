@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError
 
 FAMILIES = ("qwen2", "llama")
 EMBEDDING = "embedding.word_embeddings.weight"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 from polyrl_engine_megatron.convert import PipelineStage
 
 # megatron-core's forward_step_func: the stage's output and the loss function to run on it

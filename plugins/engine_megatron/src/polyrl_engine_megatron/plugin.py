@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import TrainingEngineSpec
+from polyrl.api import TrainingEngineSpec, hookimpl
 
 
 @hookimpl

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from polyrl.errors import ConfigError
+from polyrl.api import ConfigError
 
 MODES = ("online", "offline", "disabled")
 

@@ -27,9 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from polyrl.checkpoint import atomic_write_text
-from polyrl.interfaces.logger import LoggerContext, MetricsLogger
-from polyrl.loggers.values import to_float_metrics
+from polyrl.api import LoggerContext, MetricsLogger, atomic_write_text, to_float_metrics
 from polyrl_logger_wandb.config import WandbLoggerConfig
 
 RUN_ID_FILE = "wandb_run_id.txt"

@@ -22,10 +22,14 @@ from typing import Any
 
 import torch
 
-from polyrl.batch import Batch
-from polyrl.config.nodes import schema_node
-from polyrl.errors import ConfigError
-from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
+from polyrl.api import (
+    Batch,
+    ConfigError,
+    RolloutContext,
+    RolloutEngine,
+    SamplingParams,
+    schema_node,
+)
 from polyrl_rollout_hf.sampling import pick_tokens
 from polyrl_rollout_hf.static_decode import StaticDecodePool, unsupported_reason
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl import hookimpl
-from polyrl.specs import RolloutEngineSpec
+from polyrl.api import RolloutEngineSpec, hookimpl
 
 
 @hookimpl

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl import rollout_config
-from polyrl.config.checks import role_world
+from polyrl.api import engine_kwargs_problem as core_engine_kwargs_problem
+from polyrl.api import role_world
 
 ROLLOUT = "actor_rollout_ref.rollout"
 # SGLang's --dtype choices, and the short names polyrl's other engines accept.
@@ -48,7 +48,7 @@ def bucket_problem(megabytes: Any) -> str | None:
 
 def engine_kwargs_problem(raw: Any) -> str | None:
     """``engine_kwargs`` is a mapping; verl's nested ``engine_kwargs.sglang`` too."""
-    return rollout_config.engine_kwargs_problem(
+    return core_engine_kwargs_problem(
         raw, backend="sglang", engine_name="SGLang", sections=BACKEND_SECTIONS
     )
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl import rollout_config
-from polyrl.rollout_config import DTYPE_ALIASES, SEED_STRIDE, rollout_node
+from polyrl.api import DTYPE_ALIASES, SEED_STRIDE, rollout_node
+from polyrl.api import passthrough_engine_kwargs as core_passthrough_engine_kwargs
 from polyrl_rollout_sglang.checks import (
     BACKEND_SECTIONS,
     bucket_problem,
@@ -44,7 +44,7 @@ from polyrl_rollout_sglang.tensor_parallel import TensorParallelPlacement
 def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
     """``engine_kwargs`` as SGLang arguments. verl nests them per backend
     (``engine_kwargs.sglang.<arg>``); a flat mapping is accepted too."""
-    return rollout_config.passthrough_engine_kwargs(
+    return core_passthrough_engine_kwargs(
         config,
         backend="sglang",
         sections=BACKEND_SECTIONS,

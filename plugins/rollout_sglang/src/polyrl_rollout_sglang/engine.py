@@ -25,17 +25,20 @@ from typing import Any
 
 import torch
 
-from polyrl.batch import Batch
-from polyrl.errors import DataError, PolyrlError
-from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
-from polyrl.rollout_layout import (
+from polyrl.api import (
+    Batch,
+    DataError,
+    DataParallelRank,
+    PolyrlError,
+    RolloutContext,
+    RolloutEngine,
+    SamplingParams,
     WeightStreamChecker,
     WeightSyncError,
     assemble_rollout,
     checkpoint_manifest,
     strip_left_padding,
 )
-from polyrl.workers.mesh import DataParallelRank
 from polyrl_rollout_sglang.checks import original_logprob_problem
 from polyrl_rollout_sglang.config import bucket_bytes, build_engine_args, rollout_node
 from polyrl_rollout_sglang.errors import (

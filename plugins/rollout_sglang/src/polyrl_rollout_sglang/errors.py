@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from polyrl.errors import ConfigError, PolyrlError
-from polyrl.rollout_config import RolloutEngineNotInstalledError
+from polyrl.api import ConfigError, PolyrlError, RolloutEngineNotInstalledError
 
 INSTALL_HINT = (
     "install SGLang through this package's extra on an NVIDIA GPU machine: "

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.interfaces import SamplingParams
+from polyrl.api import SamplingParams
 from polyrl_rollout_sglang.errors import SGLangOutputError
 
 

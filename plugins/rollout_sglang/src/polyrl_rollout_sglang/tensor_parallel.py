@@ -20,8 +20,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.errors import PolyrlError
-from polyrl.workers.mesh import DataParallelRank, tensor_parallel_mesh
+from polyrl.api import DataParallelRank, PolyrlError, tensor_parallel_mesh
 
 # SGLang's leader listens on its rendezvous port and the next few (tokenizer, detokenizer, rpc,
 # scheduler input ...): keep this many consecutive ports free.

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from polyrl.rollout_layout import WeightStreamChecker, WeightSyncError
+from polyrl.api import WeightStreamChecker, WeightSyncError
 from polyrl_rollout_sglang.tensor_parallel import EngineGroup
 
 # One tensor -> bytes another process turns back into the same tensor (a handle, not a copy).

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl import rollout_config
-from polyrl.config.checks import role_world
+from polyrl.api import engine_kwargs_problem as core_engine_kwargs_problem
+from polyrl.api import role_world
 
 ROLLOUT = "actor_rollout_ref.rollout"
 # The keys that mark engine_kwargs as nested per backend (verl's layout).
@@ -41,7 +41,7 @@ def tensor_parallel_problem(tp: Any, device: str) -> str | None:
 
 def engine_kwargs_problem(raw: Any) -> str | None:
     """verl nests engine arguments per backend (``engine_kwargs.vllm``); each must be a mapping."""
-    return rollout_config.engine_kwargs_problem(
+    return core_engine_kwargs_problem(
         raw, backend="vllm", engine_name="vLLM", sections=BACKEND_SECTIONS
     )
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl import rollout_config
-from polyrl.rollout_config import DTYPE_ALIASES, SEED_STRIDE, rollout_node
+from polyrl.api import DTYPE_ALIASES, SEED_STRIDE, rollout_node
+from polyrl.api import passthrough_engine_kwargs as core_passthrough_engine_kwargs
 from polyrl_rollout_vllm.checks import (
     BACKEND_SECTIONS,
     dtype_problem,
@@ -49,7 +49,7 @@ CPU_KV_CACHE_MAX_BYTES = 2 << 30
 def passthrough_engine_kwargs(config: Any) -> dict[str, Any]:
     """``engine_kwargs`` as vLLM arguments. verl nests them per backend
     (``engine_kwargs.vllm.<arg>``); a flat mapping is accepted too."""
-    return rollout_config.passthrough_engine_kwargs(
+    return core_passthrough_engine_kwargs(
         config,
         backend="vllm",
         sections=BACKEND_SECTIONS,

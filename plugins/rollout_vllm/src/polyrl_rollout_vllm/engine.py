@@ -31,10 +31,16 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import torch
 
-from polyrl.batch import Batch
-from polyrl.errors import DataError, PolyrlError
-from polyrl.interfaces import RolloutContext, RolloutEngine, SamplingParams
-from polyrl.workers.mesh import DataParallelRank, tensor_parallel_mesh
+from polyrl.api import (
+    Batch,
+    DataError,
+    DataParallelRank,
+    PolyrlError,
+    RolloutContext,
+    RolloutEngine,
+    SamplingParams,
+    tensor_parallel_mesh,
+)
 from polyrl_rollout_vllm.config import build_engine_args
 from polyrl_rollout_vllm.errors import VLLMNotInstalledError
 from polyrl_rollout_vllm.layout import assemble_rollout, strip_left_padding

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from polyrl.errors import ConfigError
-from polyrl.rollout_config import RolloutEngineNotInstalledError
+from polyrl.api import ConfigError, RolloutEngineNotInstalledError
 
 INSTALL_HINT = (
     "install vLLM through one of this package's extras: "

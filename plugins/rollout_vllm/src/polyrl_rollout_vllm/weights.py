@@ -8,6 +8,6 @@ engine checks each tensor against the checkpoint it was started from, and after 
 nothing was left out, and refuses to generate until a complete sync succeeds.
 """
 
-from polyrl.rollout_layout import WeightStreamChecker, WeightSyncError, checkpoint_manifest
+from polyrl.api import WeightStreamChecker, WeightSyncError, checkpoint_manifest
 
 __all__ = ["WeightStreamChecker", "WeightSyncError", "checkpoint_manifest"]

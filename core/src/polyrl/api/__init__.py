@@ -1,0 +1,338 @@
+"""polyrl's public API: the one module a plugin imports core names from.
+
+::
+
+    from polyrl.api import AlgorithmSpec, Batch, Stage, StepPipeline, hookimpl, names
+
+It covers what a plugin builds on: the hook marker and the registration specs, the interfaces
+(training and rollout engines, rewards, loggers), the batch, the step (stages, the pipeline, the
+standard policy-gradient step), batch-key and stage-name constants (:mod:`polyrl.step.names`,
+as ``names``), the math helpers of losses and estimators, config and settings helpers, and the
+config-check helpers ``AlgorithmSpec.config_check`` functions use. Test helpers (conformance
+suites, the tiny model, test configs) are in :mod:`polyrl.api.testing`. Every name here is
+re-exported from where it lives in core; the old import paths keep working, but only this
+module's names are covered by :data:`API_VERSION`.
+
+Versioning: :data:`API_VERSION` is ``"major.minor"``. A minor bump adds names; a major bump
+removes or changes one. A plugin pins the polyrl release that has what it uses
+(``polyrl>=0.1`` in its ``dependencies``) and may check the major version it was written for::
+
+    import polyrl.api
+
+    if polyrl.api.API_VERSION.split(".")[0] != "1":
+        raise ImportError(f"needs polyrl API 1.x, found {polyrl.api.API_VERSION}")
+
+Importing this module is cheap: it never imports torch, Ray or transformers, so a plugin's
+entry-point module may import from it. Names whose home module needs torch (or numpy,
+omegaconf) are resolved on first access (``from polyrl.api import Batch`` imports
+:mod:`polyrl.batch` then, and only then).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from polyrl.checkpoint import atomic_write_text
+from polyrl.errors import ConfigError, DataError, PolyrlError, RewardError
+from polyrl.hookspecs import hookimpl
+from polyrl.interfaces import (
+    AdvantageEstimatorFn,
+    EngineContext,
+    LoggerContext,
+    MetricsLogger,
+    MicroBatchLossFn,
+    PolicyLossFn,
+    RewardContext,
+    RewardProvider,
+    RewardResult,
+    RewardSample,
+    RolloutContext,
+    RolloutEngine,
+    SamplingParams,
+    TrainingEngine,
+)
+from polyrl.interfaces.training_engine import (
+    MicroBatchValueLossFn,
+    ModelHead,
+    needs_entropy_grad,
+)
+from polyrl.loggers.values import to_float_metrics
+from polyrl.lora import lora_problems, lora_rank, target_modules
+from polyrl.models.resolve import resolve_model_path
+from polyrl.registry import get_registry
+from polyrl.seeding import derive_seed
+from polyrl.specs import (
+    ESTIMATOR_KEYS,
+    POLICY_LOSS_KEYS,
+    AdvantageEstimatorSpec,
+    AlgorithmSpec,
+    LoggerSpec,
+    PluginKind,
+    PolicyLossSpec,
+    RewardProviderSpec,
+    RolloutEngineSpec,
+    TrainingEngineSpec,
+)
+from polyrl.workers.dispatch import Dispatch
+from polyrl.workers.mesh import DataParallelRank, tensor_parallel_mesh
+from polyrl.workers.roles.base import Role, RoleContext
+
+API_VERSION = "1.0"
+"""The version of this module's names, ``"major.minor"`` (see the module docstring)."""
+
+# Names resolved on first access: name -> "module:attribute", or "module" for a module itself.
+# Keep the ``TYPE_CHECKING`` imports below in step (core/tests/test_api_boundary.py checks).
+_LAZY: dict[str, str] = {
+    # the batch
+    "Batch": "polyrl.batch:Batch",
+    # the step: stages, the pipeline, batch keys and stage names
+    "names": "polyrl.step.names",
+    "PROMPT_BATCH_KEYS": "polyrl.step:PROMPT_BATCH_KEYS",
+    "Stage": "polyrl.step:Stage",
+    "StepContext": "polyrl.step:StepContext",
+    "StepPipeline": "polyrl.step:StepPipeline",
+    "StepState": "polyrl.step:StepState",
+    "policy_gradient_pipeline": "polyrl.step:policy_gradient_pipeline",
+    "MODEL_INPUT_KEYS": "polyrl.step.stages:MODEL_INPUT_KEYS",
+    "RefLogProbStage": "polyrl.step.stages:RefLogProbStage",
+    "UpdateActorStage": "polyrl.step.stages:UpdateActorStage",
+    "generate": "polyrl.step.stages:generate",
+    "score_responses": "polyrl.step.stages:score_responses",
+    "training_sampling_params": "polyrl.step.stages:training_sampling_params",
+    "MiniBatchPlan": "polyrl.step.minibatch:MiniBatchPlan",
+    "plan_minibatches": "polyrl.step.minibatch:plan_minibatches",
+    # the math of losses and estimators (torch)
+    "agg_loss": "polyrl.algorithms.loss_agg:agg_loss",
+    "check_loss_agg_mode": "polyrl.algorithms.loss_agg:check_loss_agg_mode",
+    "clip_ratios": "polyrl.algorithms.policy_loss:clip_ratios",
+    "clipped_surrogate": "polyrl.algorithms.policy_loss:clipped_surrogate",
+    "masked_mean": "polyrl.algorithms.functional:masked_mean",
+    "masked_whiten": "polyrl.algorithms.functional:masked_whiten",
+    # config and settings helpers
+    "plugin_settings": "polyrl.config.keys:plugin_settings",
+    "schema_node": "polyrl.config.nodes:schema_node",
+    # config checks (``AlgorithmSpec.config_check`` and the engines' checks)
+    "Checker": "polyrl.config.checks.checker:Checker",
+    "LOSS_AGG_MODES": "polyrl.config.checks.ranges:LOSS_AGG_MODES",
+    "at_least": "polyrl.config.checks.ranges:at_least",
+    "check_ppo_batches": "polyrl.config.checks.batches:check_ppo_batches",
+    "get": "polyrl.config.checks.checker:get",
+    "is_positive_int": "polyrl.config.checks.checker:is_positive_int",
+    "looks_local": "polyrl.config.checks.model:looks_local",
+    "preference_file_problems": "polyrl.config.checks.data:preference_file_problems",
+    "role_world": "polyrl.config.checks:role_world",
+    # datasets
+    "PREFERENCE_BATCH_KEYS": "polyrl.data.preference:PREFERENCE_BATCH_KEYS",
+    "PreferenceDataset": "polyrl.data.preference:PreferenceDataset",
+    "PreferenceLoader": "polyrl.data.preference:PreferenceLoader",
+    "collate_pairs": "polyrl.data.preference:collate_pairs",
+    "TrainingData": "polyrl.data.training:TrainingData",
+    "training_data_from_files": "polyrl.data.training:training_data_from_files",
+    # rollout engines: settings, the response layout, weight sync
+    "DTYPE_ALIASES": "polyrl.rollout_config:DTYPE_ALIASES",
+    "SEED_STRIDE": "polyrl.rollout_config:SEED_STRIDE",
+    "RolloutEngineNotInstalledError": "polyrl.rollout_config:RolloutEngineNotInstalledError",
+    "engine_kwargs_problem": "polyrl.rollout_config:engine_kwargs_problem",
+    "passthrough_engine_kwargs": "polyrl.rollout_config:passthrough_engine_kwargs",
+    "rollout_node": "polyrl.rollout_config:rollout_node",
+    "WeightStreamChecker": "polyrl.rollout_layout:WeightStreamChecker",
+    "WeightSyncError": "polyrl.rollout_layout:WeightSyncError",
+    "assemble_rollout": "polyrl.rollout_layout:assemble_rollout",
+    "checkpoint_manifest": "polyrl.rollout_layout:checkpoint_manifest",
+    "position_ids_for": "polyrl.rollout_layout:position_ids_for",
+    "strip_left_padding": "polyrl.rollout_layout:strip_left_padding",
+    # training engines: checkpoint loading
+    "SafeFileSystemReader": "polyrl.safe_load:SafeFileSystemReader",
+    "load_plain": "polyrl.safe_load:load_plain",
+    # worker roles: what a role on a training engine (the critic) shares with the actor's
+    "optimizer_steps_per_training_step": (
+        "polyrl.workers.roles.actor:optimizer_steps_per_training_step"
+    ),
+    "plain_node": "polyrl.workers.roles.actor:plain_node",
+    "train_on_plan": "polyrl.workers.roles.actor:train_on_plan",
+    "training_engine_context": "polyrl.workers.roles.actor:training_engine_context",
+}
+
+if TYPE_CHECKING:
+    from polyrl.algorithms.functional import masked_mean, masked_whiten
+    from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
+    from polyrl.algorithms.policy_loss import clip_ratios, clipped_surrogate
+    from polyrl.batch import Batch
+    from polyrl.config.checks import role_world
+    from polyrl.config.checks.batches import check_ppo_batches
+    from polyrl.config.checks.checker import Checker, get, is_positive_int
+    from polyrl.config.checks.data import preference_file_problems
+    from polyrl.config.checks.model import looks_local
+    from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
+    from polyrl.config.keys import plugin_settings
+    from polyrl.config.nodes import schema_node
+    from polyrl.data.preference import (
+        PREFERENCE_BATCH_KEYS,
+        PreferenceDataset,
+        PreferenceLoader,
+        collate_pairs,
+    )
+    from polyrl.data.training import TrainingData, training_data_from_files
+    from polyrl.rollout_config import (
+        DTYPE_ALIASES,
+        SEED_STRIDE,
+        RolloutEngineNotInstalledError,
+        engine_kwargs_problem,
+        passthrough_engine_kwargs,
+        rollout_node,
+    )
+    from polyrl.rollout_layout import (
+        WeightStreamChecker,
+        WeightSyncError,
+        assemble_rollout,
+        checkpoint_manifest,
+        position_ids_for,
+        strip_left_padding,
+    )
+    from polyrl.safe_load import SafeFileSystemReader, load_plain
+    from polyrl.step import (
+        PROMPT_BATCH_KEYS,
+        Stage,
+        StepContext,
+        StepPipeline,
+        StepState,
+        names,
+        policy_gradient_pipeline,
+    )
+    from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
+    from polyrl.step.stages import (
+        MODEL_INPUT_KEYS,
+        RefLogProbStage,
+        UpdateActorStage,
+        generate,
+        score_responses,
+        training_sampling_params,
+    )
+    from polyrl.workers.roles.actor import (
+        optimizer_steps_per_training_step,
+        plain_node,
+        train_on_plan,
+        training_engine_context,
+    )
+
+__all__ = [
+    "API_VERSION",
+    "DTYPE_ALIASES",
+    "ESTIMATOR_KEYS",
+    "LOSS_AGG_MODES",
+    "MODEL_INPUT_KEYS",
+    "POLICY_LOSS_KEYS",
+    "PREFERENCE_BATCH_KEYS",
+    "PROMPT_BATCH_KEYS",
+    "SEED_STRIDE",
+    "AdvantageEstimatorFn",
+    "AdvantageEstimatorSpec",
+    "AlgorithmSpec",
+    "Batch",
+    "Checker",
+    "ConfigError",
+    "DataError",
+    "DataParallelRank",
+    "Dispatch",
+    "EngineContext",
+    "LoggerContext",
+    "LoggerSpec",
+    "MetricsLogger",
+    "MicroBatchLossFn",
+    "MicroBatchValueLossFn",
+    "MiniBatchPlan",
+    "ModelHead",
+    "PluginKind",
+    "PolicyLossFn",
+    "PolicyLossSpec",
+    "PolyrlError",
+    "PreferenceDataset",
+    "PreferenceLoader",
+    "RefLogProbStage",
+    "RewardContext",
+    "RewardError",
+    "RewardProvider",
+    "RewardProviderSpec",
+    "RewardResult",
+    "RewardSample",
+    "Role",
+    "RoleContext",
+    "RolloutContext",
+    "RolloutEngine",
+    "RolloutEngineNotInstalledError",
+    "RolloutEngineSpec",
+    "SafeFileSystemReader",
+    "SamplingParams",
+    "Stage",
+    "StepContext",
+    "StepPipeline",
+    "StepState",
+    "TrainingData",
+    "TrainingEngine",
+    "TrainingEngineSpec",
+    "UpdateActorStage",
+    "WeightStreamChecker",
+    "WeightSyncError",
+    "agg_loss",
+    "assemble_rollout",
+    "at_least",
+    "atomic_write_text",
+    "check_loss_agg_mode",
+    "check_ppo_batches",
+    "checkpoint_manifest",
+    "clip_ratios",
+    "clipped_surrogate",
+    "collate_pairs",
+    "derive_seed",
+    "engine_kwargs_problem",
+    "generate",
+    "get",
+    "get_registry",
+    "hookimpl",
+    "is_positive_int",
+    "load_plain",
+    "looks_local",
+    "lora_problems",
+    "lora_rank",
+    "masked_mean",
+    "masked_whiten",
+    "names",
+    "needs_entropy_grad",
+    "optimizer_steps_per_training_step",
+    "passthrough_engine_kwargs",
+    "plain_node",
+    "plan_minibatches",
+    "plugin_settings",
+    "policy_gradient_pipeline",
+    "position_ids_for",
+    "preference_file_problems",
+    "resolve_model_path",
+    "role_world",
+    "rollout_node",
+    "schema_node",
+    "score_responses",
+    "strip_left_padding",
+    "target_modules",
+    "tensor_parallel_mesh",
+    "to_float_metrics",
+    "train_on_plan",
+    "training_data_from_files",
+    "training_engine_context",
+    "training_sampling_params",
+]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'polyrl.api' has no attribute {name!r}")
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attribute) if attribute else module
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,99 @@
+"""polyrl's public test helpers: what a plugin's tests, and a plugin's own ``testing`` module,
+import from core.
+
+::
+
+    from polyrl.api.testing import AdvantageEstimatorConformance, algorithm_config
+
+    class TestMyEstimator(AdvantageEstimatorConformance):
+        plugin_name = "myestimator"
+
+- conformance suites, one base test class per plugin kind (:mod:`polyrl.testing`);
+- ``actor_config`` / ``algorithm_config``: the schema nodes a policy loss / an estimator receives;
+- ``PolyrlConfig``: the run config's schema, to compose a whole config in a test;
+- ``build_tiny_model``: polyrl's tiny Qwen2 (random weights, its own tokenizer) saved to a folder;
+- ``rollout_contract``: the scaffolding of the rollout engines' contract tests (a module);
+- ``run_stage`` (with ``ScriptedRoles``, ``RoleCall``): one stage on one batch, without Ray;
+- ``worker_plan``: the plugins a role built from a config needs, for tests of a role.
+
+The fixtures ``polyrl_registry``, ``isolated_registry`` and ``register_plugin`` need no import:
+pytest loads them from :mod:`polyrl.testing.pytest_plugin` once polyrl is installed. Covered by
+:data:`polyrl.api.API_VERSION`. Every name is resolved on first access (the conformance suites
+import pytest; the tiny model imports torch and transformers when it builds).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> "module:attribute", or "module" for a module itself (as in polyrl.api).
+_LAZY: dict[str, str] = {
+    "AdvantageEstimatorConformance": "polyrl.testing.conformance:AdvantageEstimatorConformance",
+    "AlgorithmConformance": "polyrl.testing.conformance:AlgorithmConformance",
+    "LoggerConformance": "polyrl.testing.conformance:LoggerConformance",
+    "PolicyLossConformance": "polyrl.testing.conformance:PolicyLossConformance",
+    "RewardProviderConformance": "polyrl.testing.conformance:RewardProviderConformance",
+    "RolloutEngineConformance": "polyrl.testing.conformance:RolloutEngineConformance",
+    "TrainingEngineConformance": "polyrl.testing.conformance:TrainingEngineConformance",
+    "actor_config": "polyrl.testing.configs:actor_config",
+    "algorithm_config": "polyrl.testing.configs:algorithm_config",
+    "PolyrlConfig": "polyrl.config.schema:PolyrlConfig",
+    "build_tiny_model": "polyrl.models.tiny:build_tiny_model",
+    "rollout_contract": "polyrl.testing.rollout_contract",
+    "RoleCall": "polyrl.testing.stages:RoleCall",
+    "ScriptedRoles": "polyrl.testing.stages:ScriptedRoles",
+    "run_stage": "polyrl.testing.stages:run_stage",
+    "worker_plan": "polyrl.testing.plans:worker_plan",
+}
+
+if TYPE_CHECKING:
+    from polyrl.config.schema import PolyrlConfig
+    from polyrl.models.tiny import build_tiny_model
+    from polyrl.testing import rollout_contract
+    from polyrl.testing.configs import actor_config, algorithm_config
+    from polyrl.testing.conformance import (
+        AdvantageEstimatorConformance,
+        AlgorithmConformance,
+        LoggerConformance,
+        PolicyLossConformance,
+        RewardProviderConformance,
+        RolloutEngineConformance,
+        TrainingEngineConformance,
+    )
+    from polyrl.testing.plans import worker_plan
+    from polyrl.testing.stages import RoleCall, ScriptedRoles, run_stage
+
+__all__ = [
+    "AdvantageEstimatorConformance",
+    "AlgorithmConformance",
+    "LoggerConformance",
+    "PolicyLossConformance",
+    "PolyrlConfig",
+    "RewardProviderConformance",
+    "RoleCall",
+    "RolloutEngineConformance",
+    "ScriptedRoles",
+    "TrainingEngineConformance",
+    "actor_config",
+    "algorithm_config",
+    "build_tiny_model",
+    "rollout_contract",
+    "run_stage",
+    "worker_plan",
+]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'polyrl.api.testing' has no attribute {name!r}")
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attribute) if attribute else module
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
