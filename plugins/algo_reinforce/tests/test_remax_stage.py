@@ -14,8 +14,9 @@ import torch
 
 from polyrl.interfaces import RewardContext, RolloutContext, SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
+from polyrl.plan import build_pipeline
 from polyrl.step import StepContext, StepState
-from polyrl_algo_reinforce.remax import BASELINE_KEY, GreedyBaselineStage, remax_pipeline
+from polyrl_algo_reinforce.remax import BASELINE_KEY, GreedyBaselineStage
 
 torch.set_num_threads(1)
 
@@ -117,7 +118,7 @@ def test_the_baseline_is_the_reward_of_the_greedy_response(setup):
 def test_each_sample_carries_its_prompts_baseline_into_the_estimator(setup):
     """gen_max, then the standard gen, reward and adv stages of the remax step: every sampled
     row holds its own prompt's baseline, and the advantage is its score minus that baseline."""
-    step = remax_pipeline(setup.cfg)
+    step = build_pipeline(setup.cfg)  # bound to the run plan, as the trainer builds it
     state = StepState(step=2, batch=setup.loader.next_batch())
     for name in ("gen_max", "gen", "reward", "adv"):
         step[name].run(state, setup.ctx)
