@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
-from polyrl.data.preference import PreferencePair, collate_pairs
 from polyrl.errors import ConfigError
 from polyrl.models.resolve import resolve_model_path
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
@@ -28,6 +27,7 @@ from polyrl.step.pipeline import StepState
 from polyrl.step.reward_model import RewardModelStage
 from polyrl.workers.roles.base import RoleContext
 from polyrl.workers.roles.reward_model import RewardModelRole
+from polyrl_algo_dpo.preference import PreferencePair, collate_pairs
 
 
 @pytest.fixture(scope="module")

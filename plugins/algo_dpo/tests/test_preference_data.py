@@ -3,6 +3,8 @@ writes them), their batches, the tiny task's pairs, and the errors a bad file gi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,10 @@ from omegaconf import OmegaConf
 
 from polyrl.config.schema import DataConfig
 from polyrl.data.generate import tiny_digit_pairs_rows, write_tiny_digit_pairs
-from polyrl.data.preference import PreferenceDataset, PreferenceLoader, collate_pairs
 from polyrl.errors import DataError
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID
 from polyrl.rewards.scorers import tiny_digits_score
+from polyrl_algo_dpo.preference import PreferenceDataset, PreferenceLoader, collate_pairs
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +183,24 @@ def test_bad_files_name_file_row_and_column(tmp_path: Path, tokenizer: Any) -> N
     implicit = write(tmp_path / "c.parquet", other_prompts)
     with pytest.raises(DataError, match="shares every message but the last"):
         PreferenceDataset(implicit, tokenizer, data_cfg())
+
+
+def test_the_old_core_paths_warn_and_forward_to_the_plugin() -> None:
+    """``polyrl.data.preference`` and ``polyrl.config.checks.data.preference_file_problems``
+    were core's; they resolve to the plugin's objects with a DeprecationWarning, and importing
+    the old modules imports nothing of the plugin."""
+    import polyrl_algo_dpo.config
+    import polyrl_algo_dpo.preference
+
+    with pytest.deprecated_call(match="import PreferenceDataset from polyrl_algo_dpo.preference"):
+        from polyrl.data.preference import PreferenceDataset as Old
+    assert Old is polyrl_algo_dpo.preference.PreferenceDataset
+    with pytest.deprecated_call(match="import it from polyrl_algo_dpo.config"):
+        from polyrl.config.checks.data import preference_file_problems
+    assert preference_file_problems is polyrl_algo_dpo.config.preference_file_problems
+    code = (
+        "import sys, polyrl.data.preference, polyrl.config.checks.data\n"
+        "print([m for m in sys.modules if m.startswith('polyrl_algo_dpo')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

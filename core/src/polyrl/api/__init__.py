@@ -120,13 +120,11 @@ _LAZY: dict[str, str] = {
     "get": "polyrl.config.checks.checker:get",
     "is_positive_int": "polyrl.config.checks.checker:is_positive_int",
     "looks_local": "polyrl.config.checks.model:looks_local",
-    "preference_file_problems": "polyrl.config.checks.data:preference_file_problems",
     "role_world": "polyrl.config.checks:role_world",
     # datasets
-    "PREFERENCE_BATCH_KEYS": "polyrl.data.preference:PREFERENCE_BATCH_KEYS",
-    "PreferenceDataset": "polyrl.data.preference:PreferenceDataset",
-    "PreferenceLoader": "polyrl.data.preference:PreferenceLoader",
-    "collate_pairs": "polyrl.data.preference:collate_pairs",
+    "TRUNCATION_MODES": "polyrl.data.dataset:TRUNCATION_MODES",
+    "read_parquet": "polyrl.data.dataset:read_parquet",
+    "PromptLoader": "polyrl.data.loader:PromptLoader",
     "TrainingData": "polyrl.data.training:TrainingData",
     "training_data_from_files": "polyrl.data.training:training_data_from_files",
     # rollout engines: settings, the response layout, weight sync
@@ -162,17 +160,12 @@ if TYPE_CHECKING:
     from polyrl.config.checks import role_world
     from polyrl.config.checks.batches import check_ppo_batches
     from polyrl.config.checks.checker import Checker, get, is_positive_int
-    from polyrl.config.checks.data import preference_file_problems
     from polyrl.config.checks.model import looks_local
     from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
     from polyrl.config.keys import plugin_settings
     from polyrl.config.nodes import schema_node
-    from polyrl.data.preference import (
-        PREFERENCE_BATCH_KEYS,
-        PreferenceDataset,
-        PreferenceLoader,
-        collate_pairs,
-    )
+    from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
+    from polyrl.data.loader import PromptLoader
     from polyrl.data.training import TrainingData, training_data_from_files
     from polyrl.rollout_config import (
         DTYPE_ALIASES,
@@ -223,9 +216,9 @@ __all__ = [
     "LOSS_AGG_MODES",
     "MODEL_INPUT_KEYS",
     "POLICY_LOSS_KEYS",
-    "PREFERENCE_BATCH_KEYS",
     "PROMPT_BATCH_KEYS",
     "SEED_STRIDE",
+    "TRUNCATION_MODES",
     "AdvantageEstimatorFn",
     "AdvantageEstimatorSpec",
     "AlgorithmSpec",
@@ -247,8 +240,7 @@ __all__ = [
     "PolicyLossFn",
     "PolicyLossSpec",
     "PolyrlError",
-    "PreferenceDataset",
-    "PreferenceLoader",
+    "PromptLoader",
     "RefLogProbStage",
     "RewardContext",
     "RewardError",
@@ -283,7 +275,6 @@ __all__ = [
     "checkpoint_manifest",
     "clip_ratios",
     "clipped_surrogate",
-    "collate_pairs",
     "derive_seed",
     "engine_kwargs_problem",
     "generate",
@@ -306,7 +297,7 @@ __all__ = [
     "plugin_settings",
     "policy_gradient_pipeline",
     "position_ids_for",
-    "preference_file_problems",
+    "read_parquet",
     "resolve_model_path",
     "role_world",
     "rollout_node",

@@ -1,17 +1,18 @@
 """The algorithm's settings (``plugins.dpo.*``), its config defaults, and the check that a run
 config can train on pairs. Light on purpose (no torch): ``polyrl validate`` imports it.
 
-A batch of pairs is two rows per prompt (chosen, rejected: :mod:`polyrl.data.preference`), so
+A batch of pairs is two rows per prompt (chosen, rejected: :mod:`polyrl_algo_dpo.preference`), so
 the batch arithmetic of a policy-gradient run carries over with ``rollout.n = 2``; what DPO
 needs beyond it is that nothing separates the two rows of a pair before the loss sees them.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from polyrl.api import ConfigError, get, plugin_settings, preference_file_problems
+from polyrl.api import ConfigError, get, plugin_settings
 
 ACTOR = "actor_rollout_ref.actor"
 #: ``actor_rollout_ref.actor.policy_loss.loss_mode`` -> TRL's ``loss_type``.
@@ -94,3 +95,48 @@ def _pairing_problems(cfg: Any) -> list[str]:
             "whole pairs (two rows each)"
         )
     return problems
+
+
+def preference_file_problems(cfg: Any) -> list[str]:
+    """One line per parquet file of ``data.train_files`` / ``data.val_files`` that is not a
+    preference file (see :mod:`polyrl_algo_dpo.preference`): it needs ``chosen`` and
+    ``rejected``, and the prompt column ``data.prompt_key`` unless ``chosen`` holds whole
+    conversations (TRL's implicit prompt). Files that are missing or unreadable are reported by
+    core's data check."""
+    import pyarrow as pa
+
+    from polyrl_algo_dpo.preference import RESPONSE_COLUMNS
+
+    prompt_key = get(cfg, "data.prompt_key")
+    problems = []
+    for key in ("data.train_files", "data.val_files"):
+        paths = get(cfg, key)
+        for path in paths if isinstance(paths, list) else [paths]:
+            schema = _readable_schema(path)
+            if schema is None:
+                continue
+            missing = [c for c in RESPONSE_COLUMNS if c not in schema.names]
+            conversations = "chosen" in schema.names and pa.types.is_list(
+                schema.field("chosen").type
+            )
+            if prompt_key not in schema.names and not conversations:
+                missing.append(f"{prompt_key} (data.prompt_key)")
+            if missing:
+                problems.append(
+                    f"{key}: {path!r} is not a preference file: it lacks {', '.join(missing)} "
+                    f"(it has: {', '.join(schema.names)}); one row per pair: the prompt (chat "
+                    "messages or text), chosen and rejected (TRL's layouts work too)"
+                )
+    return problems
+
+
+def _readable_schema(path: Any) -> Any:
+    """The parquet schema of a local ``.parquet`` file, or None (not one, or unreadable)."""
+    if not isinstance(path, str) or not path.endswith(".parquet"):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(os.path.expanduser(path))
+    except Exception:  # noqa: BLE001 - core's data check reports a missing or unreadable file
+        return None

@@ -14,16 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from polyrl.api import (
-    MODEL_INPUT_KEYS,
-    PreferenceDataset,
-    PreferenceLoader,
-    StepContext,
-    TrainingData,
-    collate_pairs,
-    training_data_from_files,
-)
+from polyrl.api import MODEL_INPUT_KEYS, StepContext, TrainingData, training_data_from_files
 from polyrl_algo_dpo.config import LOSS_TYPES, dpo_settings
+from polyrl_algo_dpo.preference import PreferenceDataset, PreferenceLoader, collate_pairs
 
 HEADLINE_METRICS = ("rewards/accuracies", "rewards/margins")
 

@@ -1,7 +1,7 @@
 """DPO and IPO as polyrl policy losses, and the preference metrics under TRL's names.
 
 Rows come in pairs: row ``2i`` is pair ``i``'s chosen response, row ``2i + 1`` its rejected one
-(:func:`polyrl.data.preference.collate_pairs`). With ``s = sum_t log pi(y_t)`` a response's
+(:func:`polyrl_algo_dpo.preference.collate_pairs`). With ``s = sum_t log pi(y_t)`` a response's
 log-prob under the policy and ``s_ref`` under the reference (the ``ref`` role's
 ``ref_log_prob``), the implicit rewards are ``r = beta * (s - s_ref)`` and, per pair,
 

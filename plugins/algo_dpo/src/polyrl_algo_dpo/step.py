@@ -13,14 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.api import (
-    PREFERENCE_BATCH_KEYS,
-    RefLogProbStage,
-    StepContext,
-    StepPipeline,
-    StepState,
-    UpdateActorStage,
-)
+from polyrl.api import RefLogProbStage, StepContext, StepPipeline, StepState, UpdateActorStage
+from polyrl_algo_dpo.preference import PREFERENCE_BATCH_KEYS
 
 #: The loss's metrics the actor reports as ``actor/<name>``, logged as TRL names them.
 TRL_METRIC_PREFIXES = ("actor/rewards/", "actor/logps/")

@@ -2,8 +2,8 @@
 (read from the parquet schema, not the rows); ``builtin:`` sources name a known generator.
 
 An algorithm that brings its own data (``AlgorithmSpec.data``) reads other files: only their
-existence is checked here, and its own ``config_check`` checks their columns (preference pairs:
-:func:`preference_file_problems`).
+existence is checked here, and its own ``config_check`` checks their columns (DPO's preference
+pairs: ``polyrl_algo_dpo.config.preference_file_problems``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import difflib
 import os
 from typing import Any
 
-from polyrl.config.checks.checker import MISSING, Checker, as_list, get
+from polyrl.config.checks.checker import MISSING, Checker, as_list
 from polyrl.errors import PolyrlError
 
 GENERATED_DATA_PREFIX = "builtin:"
@@ -81,49 +81,6 @@ def _algorithm_brings_own_data(checker: Checker) -> bool:
     return registration.spec.data is not None
 
 
-def preference_file_problems(cfg: Any) -> list[str]:
-    """One line per parquet file of ``data.train_files`` / ``data.val_files`` that is not a
-    preference file (see :mod:`polyrl.data.preference`): it needs ``chosen`` and ``rejected``,
-    and the prompt column ``data.prompt_key`` unless ``chosen`` holds whole conversations (TRL's
-    implicit prompt). Files that are missing or unreadable are reported by :func:`check_data`."""
-    import pyarrow as pa
-
-    from polyrl.data.preference import RESPONSE_COLUMNS
-
-    prompt_key = get(cfg, "data.prompt_key")
-    problems = []
-    for key in DATA_FILE_KEYS:
-        for path in as_list(get(cfg, key)):
-            schema = _readable_schema(path)
-            if schema is None:
-                continue
-            missing = [c for c in RESPONSE_COLUMNS if c not in schema.names]
-            conversations = "chosen" in schema.names and pa.types.is_list(
-                schema.field("chosen").type
-            )
-            if prompt_key not in schema.names and not conversations:
-                missing.append(f"{prompt_key} (data.prompt_key)")
-            if missing:
-                problems.append(
-                    f"{key}: {path!r} is not a preference file: it lacks {', '.join(missing)} "
-                    f"(it has: {', '.join(schema.names)}); one row per pair: the prompt (chat "
-                    "messages or text), chosen and rejected (TRL's layouts work too)"
-                )
-    return problems
-
-
-def _readable_schema(path: Any) -> Any:
-    """The parquet schema of a local ``.parquet`` file, or None (not one, or unreadable)."""
-    if not isinstance(path, str) or not path.endswith(".parquet"):
-        return None
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_schema(os.path.expanduser(path))
-    except Exception:  # noqa: BLE001 - check_data reports a missing or unreadable file
-        return None
-
-
 def _check_generated_data(checker: Checker, key: str, spec: str) -> None:
     """A ``builtin:<generator>[/<task>][?k=v]`` source names a known generator (nothing is
     generated here: that happens when training starts)."""
@@ -144,3 +101,20 @@ def _check_generated_data(checker: Checker, key: str, spec: str) -> None:
             f"{key}: {spec!r} names no built-in dataset generator.{hint} Available: "
             f"{', '.join(GENERATED_DATA_PREFIX + g for g in sorted(GENERATORS))}"
         )
+
+
+def __getattr__(name: str) -> Any:
+    """``preference_file_problems`` moved to the DPO plugin (``polyrl_algo_dpo.config``); the
+    old import still resolves, with a DeprecationWarning, while the plugin is installed."""
+    if name != "preference_file_problems":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    value = getattr(importlib.import_module("polyrl_algo_dpo.config"), name)
+    warnings.warn(
+        f"{__name__}.{name} is deprecated: import it from polyrl_algo_dpo.config",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return value

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
-from polyrl.data.loader import PromptLoader
-from polyrl.errors import DataError
+from polyrl.api import TRUNCATION_MODES, DataError, PromptLoader, read_parquet
 
+#: The response columns of a preference file, in a pair's row order (chosen first).
 RESPONSE_COLUMNS = ("chosen", "rejected")
 
 #: The keys of a batch of pairs (:func:`collate_pairs`): what a preference step starts from.
@@ -242,7 +241,7 @@ class PreferenceDataset:
 
 
 def collate_pairs(pairs: Sequence[PreferencePair], pad_token_id: int) -> Any:
-    """A :class:`polyrl.batch.Batch` with two rows per pair: row ``2i`` is pair ``i``'s chosen
+    """A :class:`polyrl.api.Batch` with two rows per pair: row ``2i`` is pair ``i``'s chosen
     response, row ``2i + 1`` its rejected one, both after the same prompt.
 
     Laid out as generated rows are: ``input_ids`` = left-padded prompt + right-padded response,
@@ -251,7 +250,7 @@ def collate_pairs(pairs: Sequence[PreferencePair], pad_token_id: int) -> Any:
     """
     import torch
 
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
     if not pairs:
         raise DataError("cannot collate an empty list of preference pairs")
