@@ -39,12 +39,18 @@ def test_plugins(isolated_registry, register_plugin):
             AdvantageEstimatorSpec(
                 name="est",
                 description="test estimator",
-                fn="polyrl.interfaces.algorithms:AdvantageEstimatorFn",
+                fn=f"{__name__}:zero_advantage",
             ),
         ],
         distribution="polyrl-cli-test",
         version="7.0",
     )
+
+
+def zero_advantage(batch, config):
+    """An estimator that keeps its contract (validate calls it on a synthetic batch)."""
+    zeros = batch["response_mask"] * 0.0
+    return zeros, zeros.clone()
 
 
 @pytest.fixture
@@ -221,8 +227,18 @@ def test_plugins_lists_without_torch(no_torch_env) -> None:
     rows = json.loads(done.stdout)
     assert {"console", "jsonl", "tensorboard", "vanilla", "naive"} <= {r["name"] for r in rows}
     # no installed plugin's entry-point module may need torch & co to be listed
-    heavy = [r for r in rows if "is not importable in this test" in (r["error"] or "")]
+    heavy = [
+        r
+        for r in rows
+        if r["kind"] is None and "is not importable in this test" in (r["error"] or "")
+    ]
     assert heavy == [], f"entry-point modules that import heavy libraries: {heavy}"
+    # implementations are resolved: one that needs torch cannot load here, and says so
+    vanilla = next(r for r in rows if r["name"] == "vanilla")
+    assert vanilla["status"] == "broken" and "torch is not importable" in vanilla["error"]
+    # engines are only located, not imported
+    engines = [r for r in rows if r["kind"] in ("training_engine", "rollout_engine")]
+    assert all(r["status"] == "ok" for r in engines), engines
     table = run_polyrl(no_torch_env, "plugins")
     assert table.returncode == 0 and table.stdout.startswith("NAME")
 

@@ -31,10 +31,17 @@ OVERRIDES_HELP = "Hydra overrides, e.g. algorithm.adv_estimator=grpo trainer.dev
 
 
 # ---- polyrl plugins ----------------------------------------------------------------------------
-def plugin_rows(kind: PluginKind | None = None) -> list[dict[str, Any]]:
-    """One row per registration (and per broken plugin module), as ``polyrl plugins`` shows them.
+def plugin_rows(
+    kind: PluginKind | None = None, import_engines: bool = False
+) -> list[dict[str, Any]]:
+    """One row per registration (and per broken plugin module, and per installed package that
+    looks like a plugin but registers nothing), as ``polyrl plugins`` shows them.
 
-    Broken modules are listed whatever ``kind`` is: nobody knows what they would have provided.
+    Each registration's implementation is resolved: light kinds are imported (with the plugin
+    import timeout), engines only located unless ``import_engines`` (their modules import torch,
+    vLLM ...). One that does not resolve is ``broken``, with the reason as its error.
+    Broken modules and silent packages are listed whatever ``kind`` is: nobody knows what they
+    would have provided.
     """
     from polyrl.registry import get_registry
 
@@ -48,6 +55,9 @@ def plugin_rows(kind: PluginKind | None = None) -> list[dict[str, Any]]:
                 registry.get(reg.kind, reg.name)
             except PolyrlError as exc:
                 error = str(exc)
+        else:
+            error = reg.implementation_problem(import_heavy=import_engines)
+            status = "broken" if error else "ok"
         rows.append(
             {
                 "name": reg.name,
@@ -75,6 +85,20 @@ def plugin_rows(kind: PluginKind | None = None) -> list[dict[str, Any]]:
                 "error": broken.error,
             }
         )
+    for silent in registry.silent_packages:
+        rows.append(
+            {
+                "name": silent.distribution,
+                "kind": None,
+                "package": silent.distribution,
+                "version": silent.version,
+                "plugin": None,
+                "status": "registers_nothing",
+                "capabilities": {},
+                "description": "",
+                "error": silent.message(),
+            }
+        )
     return rows
 
 
@@ -97,7 +121,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     table = [
         (
             r["name"],
-            r["kind"] or "?",
+            r["kind"],
             r["package"],
             r["version"],
             r["status"],
@@ -105,23 +129,29 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             r["description"] if r["status"] == "ok" else (r["error"] or r["description"]),
         )
         for r in rows
-        if r["status"] != "broken"
+        if r["kind"] is not None
     ]
     widths = [max(len(str(row[i])) for row in [headers, *table]) for i in range(len(headers) - 1)]
     for row in [headers, *table]:
         cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
         print("  ".join([*cells, str(row[-1])]).rstrip())
-    broken = [r for r in rows if r["status"] == "broken"]
+    broken = [r for r in rows if r["kind"] is None and r["status"] == "broken"]
     if broken:
         print()
         print("Broken plugins (their names cannot be selected until fixed):")
         for r in broken:
             print(f"  {r['name']} from {r['package']} {r['version']}: {r['error']}")
+    silent = [r for r in rows if r["kind"] is None and r["status"] == "registers_nothing"]
+    if silent:
+        print()
+        print("Installed packages that register no polyrl plugin:")
+        for r in silent:
+            print(f"  {r['error']}")
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     kind = PluginKind(args.kind) if args.kind else None
-    rows = plugin_rows(kind)
+    rows = plugin_rows(kind, import_engines=args.import_engines)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -221,6 +251,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins: package, version, status")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--kind", choices=[k.value for k in PluginKind], help="only this kind")
+    p.add_argument(
+        "--import-engines",
+        action="store_true",
+        help="also import the engines' implementations (slow: torch, vLLM ...); by default "
+        "their modules are only located",
+    )
     p.set_defaults(func=cmd_plugins)
 
     for name, func, text in (

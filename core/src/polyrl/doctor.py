@@ -1,6 +1,7 @@
 """``polyrl doctor``: what a bug report should start with.
 
-Versions (read from package metadata, nothing heavy is imported for them), plugin health, the
+Versions (read from package metadata, nothing heavy is imported for them), plugin health (each
+registration's implementation resolves; packages that look like plugins but register nothing), the
 devices torch sees, whether Ray can start here, and the free disk where the run would write.
 Each check is independent: one that fails is reported as such and the others still run.
 """
@@ -65,20 +66,34 @@ def versions() -> list[Finding]:
 
 
 def plugins() -> list[Finding]:
-    """Every registration with its package, and every plugin module that failed to load."""
+    """Every registration with its package (not ok when its implementation does not resolve:
+    light kinds are imported, engines only located), every plugin module that failed to load,
+    and every installed package that looks like a plugin but registers nothing."""
     from polyrl.registry import get_registry
 
     registry = get_registry()
-    found = [
-        Finding(
-            f"plugin {reg.kind.value} {reg.name}",
-            f"{reg.provenance.distribution} {reg.provenance.version}",
+    found = []
+    for reg in registry.all():
+        package = f"{reg.provenance.distribution} {reg.provenance.version}"
+        problem = reg.implementation_problem()
+        found.append(
+            Finding(
+                f"plugin {reg.kind.value} {reg.name}",
+                f"{package}: {problem}" if problem else package,
+                problem is None,
+            )
         )
-        for reg in registry.all()
-    ]
     found += [
         Finding(f"plugin {b.plugin} (broken)", f"{b.distribution} {b.version}: {b.error}", False)
         for b in registry.broken
+    ]
+    # A package that only depends on polyrl may be an application, not a plugin: reported, not
+    # counted as a problem; one named like a plugin is.
+    found += [
+        Finding(
+            f"package {p.distribution} (registers nothing)", p.message(), not p.named_like_plugin
+        )
+        for p in registry.silent_packages
     ]
     return found
 

@@ -4,7 +4,10 @@ Discovery loads every entry point of the group ``polyrl`` (plus polyrl's own bui
 register through the same hooks) in whichever process asks: the driver and each Ray worker call
 :func:`get_registry` themselves. A plugin that fails to import, or whose hook raises, is recorded
 as broken with its error instead of breaking unrelated commands; the error is shown when a user
-selects one of its names and in ``polyrl plugins``.
+selects one of its names and in ``polyrl plugins``. An installed package that looks like a plugin
+(named ``polyrl-*``, or depending on polyrl) but has no entry point in the group is recorded too
+(:attr:`Registry.silent_packages`, read from package metadata on first use), so that ``polyrl
+plugins``, ``polyrl doctor`` and an "unknown name" error can say what its pyproject lacks.
 
 Environment variables (read at discovery time):
 
@@ -17,11 +20,14 @@ Environment variables (read at discovery time):
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
+import re
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib import metadata
+from importlib.machinery import PathFinder
 from types import ModuleType
 from typing import Any
 
@@ -46,6 +52,12 @@ HOOK_OF_KIND = {
     PluginKind.LOGGER: "polyrl_loggers",
     PluginKind.ALGORITHM: "polyrl_algorithms",
 }
+# Kinds whose implementations import torch, vLLM, Megatron ...: ``polyrl plugins`` only locates
+# their modules (no import) unless asked to import them.
+HEAVY_KINDS = frozenset({PluginKind.TRAINING_ENGINE, PluginKind.ROLLOUT_ENGINE})
+# The attribute of each spec type that names its implementation.
+IMPLEMENTATION_ATTRIBUTES = ("engine", "fn", "provider", "logger", "pipeline")
+ENTRY_POINT_HINT = '[project.entry-points.polyrl] <name> = "<module>"'
 
 
 class PluginNotFoundError(PolyrlError):
@@ -81,6 +93,49 @@ class Registration:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def target(self) -> Any:
+        """What the spec names as its implementation (an import string, or the object)."""
+        return implementation_target(self.spec)
+
+    def locate_problem(self) -> str | None:
+        """None when the implementation's module can be found without running any of its code
+        (or the spec holds the object itself), else why not (one line)."""
+        target = self.target
+        if not isinstance(target, str):
+            return None
+        distribution = self.provenance.distribution
+        module_name, sep, attribute = target.partition(":")
+        if not sep or not module_name or not attribute:
+            return (
+                f"package {distribution} registers a malformed import string {target!r} "
+                f"(expected 'package.module:Attribute'); report it upstream"
+            )
+        why = module_findable(module_name)
+        if why:
+            return (
+                f"its implementation {target!r} from package {distribution} "
+                f"{self.provenance.version} cannot be found ({why}). Reinstall it: "
+                f"pip install '{distribution}'"
+            )
+        return None
+
+    def implementation_problem(self, import_heavy: bool = False) -> str | None:
+        """None when the implementation resolves, else why not (one line).
+
+        Light kinds (estimators, losses, rewards, loggers, algorithms) are loaded as
+        :meth:`load` does, with the plugin import timeout. Heavy kinds (:data:`HEAVY_KINDS`:
+        their import pulls torch, vLLM, Megatron ...) are only located unless ``import_heavy``.
+        """
+        located = self.locate_problem()
+        if located or (self.kind in HEAVY_KINDS and not import_heavy):
+            return located
+        try:
+            self.load()
+        except PluginBrokenError as exc:
+            return " ".join(str(exc).split())
+        return None
+
     def load(self) -> Any:
         """Resolve the implementation; an import failure names the package and how to fix it."""
         distribution = self.provenance.distribution
@@ -99,6 +154,95 @@ class Registration:
                 f"Reinstall it or install its missing dependencies "
                 f"(pip install '{self.provenance.distribution}')."
             ) from exc
+
+
+def implementation_target(spec: Any) -> Any:
+    """The import string (or object) a spec names as its implementation, or None."""
+    for attr in IMPLEMENTATION_ATTRIBUTES:
+        if hasattr(spec, attr):
+            return getattr(spec, attr)
+    return None
+
+
+def module_findable(module_name: str) -> str | None:
+    """None if ``module_name`` can be found on the path without executing any of it, else why not.
+
+    ``importlib.util.find_spec("a.b")`` would import ``a``; instead the top-level package is located
+    with the import system's finders and each submodule inside its parent's folder.
+    """
+    parts = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if spec is None:
+        return f"No module named {parts[0]!r}"
+    for depth in range(1, len(parts)):
+        locations = spec.submodule_search_locations
+        name = ".".join(parts[: depth + 1])
+        if locations is None:
+            return f"{'.'.join(parts[:depth])!r} is not a package, so {name!r} cannot exist"
+        sub = PathFinder.find_spec(name, list(locations))
+        if sub is None:
+            return f"No module named {name!r}"
+        spec = sub
+    return None
+
+
+@dataclass(frozen=True)
+class SilentPackage:
+    """An installed distribution that looks like a polyrl plugin but registers nothing: named
+    ``polyrl-*``/``polyrl_*``, or depending on polyrl, with no entry point in the group
+    ``polyrl``."""
+
+    distribution: str
+    version: str
+    named_like_plugin: bool
+
+    def message(self) -> str:
+        why = "is named like a polyrl plugin" if self.named_like_plugin else "depends on polyrl"
+        return (
+            f"package {self.distribution} {self.version} {why} and is installed but registers no "
+            f"polyrl plugin: its pyproject needs {ENTRY_POINT_HINT} (then reinstall it)"
+        )
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(requirement: str) -> str | None:
+    """The distribution a ``Requires-Dist`` line names, unless it is an extra's requirement."""
+    name, _, marker = requirement.partition(";")
+    if "extra" in marker:
+        return None
+    found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", name)
+    return _normalized(found.group(1)) if found else None
+
+
+def find_silent_packages() -> list[SilentPackage]:
+    """Installed distributions that look like polyrl plugins but have no ``polyrl`` entry point
+    (read from package metadata only: nothing is imported)."""
+    seen: set[str] = set()
+    silent: list[SilentPackage] = []
+    for dist in metadata.distributions():
+        meta = dist.metadata
+        name = meta["Name"] if meta is not None else None
+        if not name or _normalized(name) in seen:
+            continue  # a distribution on two path entries: the first one is the one imported
+        seen.add(_normalized(name))
+        if _normalized(name) == BUILTIN_DISTRIBUTION:
+            continue
+        named_like = _normalized(name).startswith(f"{BUILTIN_DISTRIBUTION}-")
+        depends = any(
+            _requirement_name(req) == BUILTIN_DISTRIBUTION
+            for req in meta.get_all("Requires-Dist") or ()
+        )
+        if (named_like or depends) and not any(
+            ep.group == ENTRY_POINT_GROUP for ep in dist.entry_points
+        ):
+            silent.append(SilentPackage(name, dist.version, named_like))
+    return sorted(silent, key=lambda p: _normalized(p.distribution))
 
 
 @dataclass(frozen=True)
@@ -123,6 +267,11 @@ class Registry:
         # Installed plugin packages that POLYRL_PLUGINS / POLYRL_DISABLE_PLUGIN_AUTOLOAD kept
         # from loading: an unknown name they may provide must say so, not "install it".
         self.filtered_out: list[str] = []
+        # Installed packages that look like plugins but register nothing (see SilentPackage):
+        # found on first use when ``detect_silent`` (set by discover()), so that processes that
+        # never list plugins or miss a name do not pay for reading every package's metadata.
+        self.detect_silent = False
+        self._silent_packages: list[SilentPackage] | None = None
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
 
@@ -177,6 +326,18 @@ class Registry:
             )
         )
 
+    @property
+    def silent_packages(self) -> list[SilentPackage]:
+        """Installed packages named like a polyrl plugin (or depending on polyrl) that register
+        nothing; empty for a registry not built by :func:`discover`."""
+        if self._silent_packages is None:
+            self._silent_packages = find_silent_packages() if self.detect_silent else []
+        return self._silent_packages
+
+    @silent_packages.setter
+    def silent_packages(self, packages: list[SilentPackage]) -> None:
+        self._silent_packages = list(packages)
+
     # ---- lookup ----------------------------------------------------------------------------
     def names(self, kind: PluginKind) -> list[str]:
         return sorted(self.registrations[kind])
@@ -228,7 +389,7 @@ class Registry:
                 f"Installed but not loaded because of {ONLY_PLUGINS_ENV}/{DISABLE_AUTOLOAD_ENV}: "
                 f"{', '.join(candidates)}; add it to {ONLY_PLUGINS_ENV} or unset those variables"
             )
-            return " ".join(lines)
+            return " ".join([*lines, *self._silent_hint(name)])
         if package:
             broken = [b for b in self.broken if b.distribution == package]
             if broken:
@@ -247,7 +408,27 @@ class Registry:
         elif self.broken:
             failed = "; ".join(f"{b.distribution} ({b.error})" for b in self.broken)
             lines.append(f"These plugin packages failed to load and may provide it: {failed}")
-        return " ".join(lines)
+        return " ".join([*lines, *self._silent_hint(name)])
+
+    def _silent_hint(self, name: str) -> list[str]:
+        """Installed packages that register nothing and may have been meant to provide ``name``:
+        those whose name contains it, else all of them."""
+        silent = self.silent_packages
+        if not silent:
+            return []
+        wanted = _normalized(name)
+        matching = [p for p in silent if wanted and wanted in _normalized(p.distribution)]
+        listed = ", ".join(f"{p.distribution} {p.version}" for p in matching or silent)
+        if matching:
+            return [
+                f"The installed package {listed} looks like it should provide {name!r} but "
+                f"registers no polyrl plugin: its pyproject needs {ENTRY_POINT_HINT} "
+                f"(then reinstall it)."
+            ]
+        return [
+            f"Installed packages that register no polyrl plugin (one may be meant to provide "
+            f"it): {listed}; a plugin's pyproject needs {ENTRY_POINT_HINT}."
+        ]
 
 
 def _distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
@@ -270,6 +451,7 @@ def discover() -> Registry:
     from polyrl import builtins  # light: only specs with import strings
 
     registry = Registry()
+    registry.detect_silent = True
     registry.add_plugin(builtins, Provenance("builtins", BUILTIN_DISTRIBUTION, _core_version()))
     autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").lower() not in ("1", "true", "yes")
     seen: set[tuple[str, str]] = set()

@@ -47,7 +47,12 @@ def check_not_broken(checker: Checker, key: str, reg: Registration) -> None:
 def check_loadable(checker: Checker, key: str, reg: Registration) -> None:
     """The implementation is imported (with the plugin import timeout): a module that imports
     but lacks the named object, or fails while importing, is one line here, not a crash in a
-    worker."""
+    worker. A plugin whose ``runtime_modules`` are not installed is left to
+    :func:`polyrl.preflight.preflight`, which names the pip command before Ray starts."""
+    from polyrl.preflight import module_available
+
+    if not all(module_available(module) for module in reg.spec.runtime_modules):
+        return
     why = reg.implementation_problem(import_heavy=True)
     if why:
         checker.add(f"{key}={reg.name!r}: {why}")
