@@ -40,6 +40,7 @@ def copy_registry(source: Registry) -> Registry:
             list, {name: list(regs) for name, regs in source.registrations[kind].items()}
         )
     copy.broken = list(source.broken)
+    copy.detect_silent = source.detect_silent  # the packages that register nothing, as found
     return copy
 
 
