@@ -101,7 +101,7 @@ def _local_role_workers(cfg: Any, roles: tuple[str, ...], **kwargs: Any) -> Any:
         init_kwargs={
             "cfg": to_container(cfg),
             "roles": plan["global"].roles,
-            "role_classes": kwargs["role_classes"],
+            "plan": kwargs["plan"],
             "model_path": kwargs["model_path"],
             "total_training_steps": kwargs["total_training_steps"],
             "tokens": kwargs["tokens"],

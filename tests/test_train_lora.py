@@ -22,6 +22,7 @@ from test_train_tiny import final_weights, polyrl_train, read_records, split_rec
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config, to_container
 from polyrl.interfaces import SamplingParams
+from polyrl.plan import assemble
 from polyrl.step.stages import MODEL_INPUT_KEYS, rollout_mismatch_metrics
 
 # What recipe=grpo_lora sets on top of recipe=tiny (its KL settings are tiny's already).
@@ -116,7 +117,7 @@ def test_the_probability_gap_catches_a_stale_sync_and_ref_is_the_base_model() ->
     tokens = {"pad_token_id": tokenizer.pad_token_id, "eos_token_ids": [tokenizer.eos_token_id]}
     worker = Worker(
         to_container(cfg), ["actor", "ref", "rollout"], rank=0, world_size=1,
-        model_path=path, tokens=tokens,
+        model_path=path, tokens=tokens, plan=assemble(cfg).worker_plan(),
     )  # fmt: skip
     try:
         # What training does to the adapters (B leaves zero), without a sync yet.
