@@ -7,10 +7,10 @@ import pytest
 
 from polyrl.config.loader import load_config
 from polyrl.errors import ConfigError
+from polyrl.plan import build_pipeline, select_algorithm
 from polyrl.registry import PluginNotFoundError
 from polyrl.specs import AlgorithmSpec, PluginKind
 from polyrl.step import PROMPT_BATCH_KEYS, Stage, StepPipeline, StepState, policy_gradient_pipeline
-from polyrl.plan import build_pipeline, select_algorithm
 
 
 class Recorder(Stage):

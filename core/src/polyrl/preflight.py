@@ -9,9 +9,9 @@ and value, the missing module and the ``pip install`` command that fixes it; all
 raised together as one :class:`~polyrl.errors.PolyrlError`.
 
 It also holds the table of core's optional libraries (:data:`CORE_EXTRAS`): the task-specific
-libraries (reasoning-gym, math-verify, GGUF conversion, plotting) and TensorBoard are extras of ``polyrl``, not
-dependencies, and :func:`missing_extra` phrases the one-line message for each. Importing this
-module is cheap (no torch, no registry discovery).
+libraries (reasoning-gym, math-verify, GGUF conversion, plotting) and TensorBoard are extras of
+``polyrl``, not dependencies, and :func:`missing_extra` phrases the one-line message for each.
+Importing this module is cheap (no torch, no registry discovery).
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ def preflight(cfg: Any, registry: Any = None) -> None:
     and value, missing module, ``pip install`` command). The selected model path and built-in
     data sources are checked for core's extras too (GGUF conversion, reasoning-gym).
     """
-    from polyrl.registry import get_registry
     from polyrl.plan import select_algorithm
+    from polyrl.registry import get_registry
 
     registry = registry or get_registry()
     device = str(_get(cfg, "trainer.device") or "") or None
