@@ -131,7 +131,8 @@ def _declared(source_path: Path) -> tuple[dict[str, str], dict[str, str], dict[s
         for node in body:
             if isinstance(node, ast.ImportFrom) and node.module and _is_core(node.module):
                 for alias in node.names:
-                    out[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+                    if not (alias.asname or alias.name).startswith("_"):  # private helpers
+                        out[alias.asname or alias.name] = f"{node.module}:{alias.name}"
         return out
 
     lazy: dict[str, str] = {}

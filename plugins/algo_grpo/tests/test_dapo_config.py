@@ -3,9 +3,9 @@ each, before Ray starts)."""
 
 import pytest
 
+from polyrl.api import build_pipeline
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
-from polyrl.plan import build_pipeline
 
 
 def test_dapo_brings_clip_higher_token_mean_and_dynamic_sampling():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from polyrl.api import assemble
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
 from polyrl.interfaces.training_engine import ModelHead
 from polyrl.models.resolve import resolve_model_path
-from polyrl.plan import assemble
 from polyrl.step.minibatch import MiniBatchPlan
 from polyrl.workers.roles.base import RoleContext
 from polyrl_algo_ppo.critic import CriticRole

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from polyrl.api import build_pipeline
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
-from polyrl.plan import build_pipeline
 from polyrl.step import Stage, StepContext, StepState
 from polyrl.workers.dispatch import Dispatch
 from polyrl_algo_ppo.metrics import value_metrics

@@ -247,8 +247,8 @@ def test_registered_through_the_entry_point(monkeypatch):
 
 
 def test_the_estimator_selects_its_algorithm():
+    from polyrl.api import build_pipeline
     from polyrl.config.loader import load_config
-    from polyrl.plan import build_pipeline
 
     cfg = load_config(["recipe=tiny", "algorithm.adv_estimator=remax"])
     assert build_pipeline(cfg).names()[:2] == ["gen_max", "gen"]

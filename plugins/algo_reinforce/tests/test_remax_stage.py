@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from polyrl.api import build_pipeline
 from polyrl.interfaces import RewardContext, RolloutContext, SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
-from polyrl.plan import build_pipeline
 from polyrl.step import StepContext, StepState
 from polyrl_algo_reinforce.remax import BASELINE_KEY, GreedyBaselineStage
 

@@ -30,9 +30,9 @@ omegaconf) are resolved on first access (``from polyrl.api import Batch`` import
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from polyrl.api._lazy import lazy_attributes as _lazy_attributes
 from polyrl.checkpoint import atomic_write_text
 from polyrl.errors import ConfigError, DataError, PolyrlError, RewardError
 from polyrl.hookspecs import hookimpl
@@ -94,6 +94,12 @@ _LAZY: dict[str, str] = {
     "StepPipeline": "polyrl.step:StepPipeline",
     "StepState": "polyrl.step:StepState",
     "policy_gradient_pipeline": "polyrl.step:policy_gradient_pipeline",
+    # the run plan: what a config selects, the step built from it, the workers' part
+    "RunPlan": "polyrl.plan:RunPlan",
+    "assemble": "polyrl.plan:assemble",
+    "build_pipeline": "polyrl.plan:build_pipeline",
+    "select_algorithm": "polyrl.plan:select_algorithm",
+    "WorkerPlan": "polyrl.workers.worker_plan:WorkerPlan",
     "MODEL_INPUT_KEYS": "polyrl.step.stages:MODEL_INPUT_KEYS",
     "RefLogProbStage": "polyrl.step.stages:RefLogProbStage",
     "UpdateActorStage": "polyrl.step.stages:UpdateActorStage",
@@ -167,6 +173,7 @@ if TYPE_CHECKING:
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.training import TrainingData, training_data_from_files
+    from polyrl.plan import RunPlan, assemble, build_pipeline, select_algorithm
     from polyrl.rollout_config import (
         DTYPE_ALIASES,
         SEED_STRIDE,
@@ -208,6 +215,7 @@ if TYPE_CHECKING:
         train_on_plan,
         training_engine_context,
     )
+    from polyrl.workers.worker_plan import WorkerPlan
 
 __all__ = [
     "API_VERSION",
@@ -254,6 +262,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutEngineNotInstalledError",
     "RolloutEngineSpec",
+    "RunPlan",
     "SafeFileSystemReader",
     "SamplingParams",
     "Stage",
@@ -266,10 +275,13 @@ __all__ = [
     "UpdateActorStage",
     "WeightStreamChecker",
     "WeightSyncError",
+    "WorkerPlan",
     "agg_loss",
+    "assemble",
     "assemble_rollout",
     "at_least",
     "atomic_write_text",
+    "build_pipeline",
     "check_loss_agg_mode",
     "check_ppo_batches",
     "checkpoint_manifest",
@@ -303,6 +315,7 @@ __all__ = [
     "rollout_node",
     "schema_node",
     "score_responses",
+    "select_algorithm",
     "strip_left_padding",
     "target_modules",
     "tensor_parallel_mesh",
@@ -314,16 +327,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'polyrl.api' has no attribute {name!r}")
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    value = getattr(module, attribute) if attribute else module
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, __all__)

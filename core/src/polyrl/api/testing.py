@@ -24,8 +24,9 @@ import pytest; the tiny model imports torch and transformers when it builds).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from polyrl.api._lazy import lazy_attributes as _lazy_attributes
 
 # name -> "module:attribute", or "module" for a module itself (as in polyrl.api).
 _LAZY: dict[str, str] = {
@@ -84,16 +85,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'polyrl.api.testing' has no attribute {name!r}")
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    value = getattr(module, attribute) if attribute else module
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY, __all__)
