@@ -14,6 +14,13 @@ from polyrl.specs import AdvantageEstimatorSpec, PluginKind, PolicyLossSpec
 from polyrl.workers.worker_plan import WorkerPlan
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "polyrl"
+# A loss that reads the sampler's log-probs: its requires must reach the update stage.
+WITH_SAMPLER = PolicyLossSpec(
+    name="with_sampler",
+    description="reads the sampler's log-probs",
+    fn=lambda batch, log_prob, config: (log_prob, {}),
+    requires=("old_log_probs", "advantages", "response_mask", "rollout_log_probs"),
+)
 
 
 def _imports_registry(path: Path) -> list[int]:
@@ -76,12 +83,7 @@ def test_stages_are_bound_to_the_selected_estimator_and_loss(register_plugin) ->
                 fn=lambda batch, config: (batch["x"], batch["x"]),
                 requires=("token_level_rewards", "response_mask", "uid", "x"),
             ),
-            PolicyLossSpec(
-                name="with_sampler",
-                description="reads the sampler's log-probs",
-                fn=lambda batch, log_prob, config: (log_prob, {}),
-                requires=("old_log_probs", "advantages", "response_mask", "rollout_log_probs"),
-            ),
+            WITH_SAMPLER,
         ]
     )
     cfg = load_config(
@@ -107,14 +109,7 @@ def test_the_plan_describes_plugins_stages_and_pools() -> None:
 
 def test_a_wrapped_stage_is_bound_too(register_plugin) -> None:
     # PPO wraps update_actor while the critic warms up: the wrapper must pass the plan on
-    register_plugin(
-        PolicyLossSpec(
-            name="with_sampler",
-            description="reads the sampler's log-probs",
-            fn=lambda batch, log_prob, config: (log_prob, {}),
-            requires=("old_log_probs", "advantages", "response_mask", "rollout_log_probs"),
-        )
-    )
+    register_plugin(WITH_SAMPLER)
     cfg = load_config(
         [
             "recipe=ppo",
