@@ -20,6 +20,15 @@ def test_token_mean():
     assert agg_loss(LOSS, MASK, "token-mean", num_tokens=10).item() == pytest.approx(1.7)
 
 
+def test_token_sum():
+    # 1+2+3 + 5+6; micro-batches need no denominator; with 4 data-parallel ranks each rank's
+    # share is scaled by 4, so the gradient average over the ranks is the sum of their sums
+    assert agg_loss(LOSS, MASK, "token-sum").item() == pytest.approx(17.0)
+    assert agg_loss(LOSS, MASK, "token-sum", num_tokens=10, num_seqs=4).item() == 17.0
+    assert agg_loss(LOSS, MASK, "token-sum", dp_size=4).item() == pytest.approx(68.0)
+    assert agg_loss(LOSS, MASK, "token-mean", dp_size=4).item() == pytest.approx(3.4)
+
+
 def test_seq_mean_token_sum():
     # (6 + 11) / 2 sequences
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx(8.5)
@@ -82,7 +91,7 @@ def test_micro_batches_sum_to_the_mini_batch_loss(mode):
 
 def test_unknown_mode_lists_valid_modes():
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm") as info:
-        agg_loss(LOSS, MASK, "token-sum")
+        agg_loss(LOSS, MASK, "token-median")
     assert isinstance(info.value, ConfigError)
 
 

@@ -68,6 +68,7 @@ def test_agg_modes_match_reference(seed):
     n_tokens = sum(len(r) for r in rows)
     reference = {
         "token-mean": sum(sum(r) for r in rows) / n_tokens,
+        "token-sum": sum(sum(r) for r in rows),
         "seq-mean-token-sum": sum(sum(r) for r in rows) / len(rows),
         "seq-mean-token-mean": sum(sum(r) / len(r) for r in rows) / len(rows),
         "seq-mean-token-sum-norm": sum(sum(r) for r in rows) / (len(rows) * width),

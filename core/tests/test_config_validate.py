@@ -206,8 +206,8 @@ def test_validation_does_not_import_heavy_modules(files: dict[str, Path]) -> Non
             "trainer.total_training_steps=2.5 must be an integer",
         ),
         (
-            "actor_rollout_ref.actor.loss_agg_mode=token-sum",
-            "loss_agg_mode='token-sum' is not one of token-mean, seq-mean-",
+            "actor_rollout_ref.actor.loss_agg_mode=token-median",
+            "loss_agg_mode='token-median' is not one of token-mean, token-sum, seq-mean-",
         ),
         (
             "actor_rollout_ref.actor.kl_loss_type=k4",

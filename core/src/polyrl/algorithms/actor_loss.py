@@ -80,6 +80,7 @@ def make_actor_loss_fn(
                 num_seqs=norm.get("num_seqs"),
                 num_tokens=norm.get("num_tokens"),
                 max_len=norm.get("max_len"),
+                dp_size=norm.get("dp_size"),
             )
             return scaled, own
 

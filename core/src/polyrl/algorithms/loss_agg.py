@@ -9,6 +9,10 @@ and steps once, so the micro-batch losses must SUM to the mini-batch loss. Every
 sum over rows divided by a constant of the mini-batch, so passing the mini-batch's totals
 (``num_seqs``, ``num_tokens``, ``max_len``; see :func:`loss_norm_totals`) as denominators makes
 that exact. Without them each micro-batch is aggregated on its own.
+
+Data parallelism averages the ranks' gradients. The means divide by totals over all ranks that
+the trainer has already divided by the rank count, which cancels the average; ``token-sum`` has
+no denominator, so it multiplies by ``dp_size`` instead (verl does the same).
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ from polyrl.algorithms.functional import masked_mean, masked_sum
 from polyrl.errors import ConfigError
 
 TOKEN_MEAN = "token-mean"
+TOKEN_SUM = "token-sum"
 SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
 SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
 SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
-LOSS_AGG_MODES = (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM_NORM)
+LOSS_AGG_MODES = (
+    TOKEN_MEAN,
+    TOKEN_SUM,
+    SEQ_MEAN_TOKEN_SUM,
+    SEQ_MEAN_TOKEN_MEAN,
+    SEQ_MEAN_TOKEN_SUM_NORM,
+)
 
 
 class LossAggModeError(ConfigError, ValueError):
@@ -63,10 +74,13 @@ def agg_loss(
     num_seqs: int | None = None,
     num_tokens: int | None = None,
     max_len: int | None = None,
+    dp_size: int | None = None,
 ) -> torch.Tensor:
     """Aggregate ``loss_mat[B, T]`` over the tokens where ``mask`` is 1.
 
     - ``token-mean``: ``sum(loss * mask) / num_tokens`` -- every token weighs the same (DAPO).
+    - ``token-sum``: ``sum(loss * mask) * dp_size`` -- the mini-batch's plain sum: the step
+      grows with the number of tokens, which the learning rate then has to absorb.
     - ``seq-mean-token-sum``: ``sum_i(sum_t loss_it) / num_seqs``.
     - ``seq-mean-token-mean``: ``sum_i(mean_t loss_it) / num_seqs`` -- every sequence weighs the
       same, whatever its length (the original GRPO objective).
@@ -77,9 +91,12 @@ def agg_loss(
       the batch size. verl computes the same (its ``loss_scale_factor`` is our ``max_len``).
 
     Defaults when a denominator is not given: ``num_tokens`` = masked-in tokens, ``num_seqs`` =
-    rows with at least one masked-in token, ``max_len`` = ``T``. An empty mask gives 0.
+    rows with at least one masked-in token, ``max_len`` = ``T``, ``dp_size`` = 1 (the other
+    modes ignore it). An empty mask gives 0.
     """
     check_loss_agg_mode(mode)
+    if mode == TOKEN_SUM:
+        return masked_sum(loss_mat, mask) * (1 if dp_size is None else _positive(dp_size, "dp_size"))
     if mode == TOKEN_MEAN:
         if num_tokens is None:
             return masked_mean(loss_mat, mask)

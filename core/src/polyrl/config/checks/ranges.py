@@ -14,6 +14,7 @@ from polyrl.config.checks.checker import MISSING, Checker
 
 LOSS_AGG_MODES = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
