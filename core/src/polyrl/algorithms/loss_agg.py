@@ -96,7 +96,8 @@ def agg_loss(
     """
     check_loss_agg_mode(mode)
     if mode == TOKEN_SUM:
-        return masked_sum(loss_mat, mask) * (1 if dp_size is None else _positive(dp_size, "dp_size"))
+        ranks = 1 if dp_size is None else _positive(dp_size, "dp_size")
+        return masked_sum(loss_mat, mask) * ranks
     if mode == TOKEN_MEAN:
         if num_tokens is None:
             return masked_mean(loss_mat, mask)
