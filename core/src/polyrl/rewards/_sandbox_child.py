@@ -9,8 +9,14 @@ Order matters, each step needing the privileges the next one drops:
    namespace). No network namespace: socket creation is refused by an audit hook instead, which
    code that loads native libraries can get around (the docs say so);
 2. in the mount namespace, every mount read-only except the working directory;
-3. in the PID namespace, fork: the child is its PID 1, and when it exits the kernel kills every
-   process it left (fork bombs included). The launcher only waits and passes on the status;
+3. become a child subreaper and fork: the target runs in the child (PID 1 of the new PID
+   namespace when there is one: when it exits the kernel kills every process it left). The
+   launcher stays behind as the case's undertaker: every process the target leaves -- a
+   double-forked daemon that called ``setsid`` included -- is re-parented to the launcher, which
+   kills and reaps all of them when the target exits or when the parent asks it to stop
+   (SIGTERM), then passes on the target's status. Without this, a sandbox nested in a reward
+   worker (no namespaces of its own) would leave its orphans to that worker, alive or as
+   zombies that count against the process limit of every later sample;
 4. as root, switch to ``nobody`` (keeping only the right to read files when the Python install
    is not readable by others), and set ``no_new_privs`` so no set-user-ID program gains rights;
 5. resource limits, then run the target (a file as ``__main__``, or ``module:function``).
@@ -22,6 +28,7 @@ and only adds its own limits and directory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -41,6 +48,7 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on every Linux architecture (added in 5.12)
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_KEEPCAPS = 8
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -170,11 +178,53 @@ def _block_sockets() -> None:
     sys.addaudithook(hook)
 
 
-def _wait_and_pass_on(child: int) -> None:
-    """The launcher's part after forking PID 1: exit as it did (a signal as the same signal)."""
-    for fd in (0, 1):
-        os.close(fd)
-    _, status = os.waitpid(child, 0)
+def _children() -> list[int]:
+    """The live and zombie children of this (single-threaded) process."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as fh:
+            return [int(pid) for pid in fh.read().split()]
+    except OSError:  # no /proc: the blocking wait below still reaps what exits
+        return []
+
+
+def _kill_descendants() -> None:
+    """SIGKILL and reap every process left: each round kills the children seen, whose own
+    children then come to this subreaper; a fork bomb cannot outrun it (it cannot fork once
+    killed, and the process limit caps what it has)."""
+    while True:
+        for pid in _children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+class _Stop(Exception):
+    """The parent asked the case to end (SIGTERM)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def _supervise(child: int) -> None:
+    """The launcher's part after forking the target: wait for it (reaping adopted orphans on
+    the way), kill whatever it left, and exit as it did (a signal as the same signal)."""
+    signal.signal(signal.SIGTERM, _stop)
+    os.closerange(0, 2)  # stdin, stdout: the parent sees EOF when the target's side closes
+    os.closerange(3, 1 << 16)  # the report channel and anything else: the target's alone
+    try:
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == child:
+                break
+    except _Stop:
+        status = signal.SIGKILL  # a wait status: killed by SIGKILL
+        os.kill(child, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on nothing interrupts the cleanup
+    _kill_descendants()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig != signal.SIGKILL:
@@ -210,15 +260,15 @@ def main() -> None:
             applied.append("read-only-fs")
         except OSError:
             pass
-    if "pidns" in applied:
-        child = os.fork()
-        if child:
-            _wait_and_pass_on(child)
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child subreaper")
+    child = os.fork()
+    if child:
+        _supervise(child)
     if root and not nested:
         applied.append(_drop_root(workdir))
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    # Set again: forking and changing user clear it. PID 1 dies with the launcher, and with it
-    # every process of its namespace.
+    # Set again: forking and changing user clear it. The target dies with the launcher (and,
+    # in a PID namespace, with it every process of the namespace).
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
     if not nested and "netns" not in applied:
         _block_sockets()

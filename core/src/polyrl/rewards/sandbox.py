@@ -7,7 +7,16 @@ applied in ``POLYRL_SANDBOX``):
 
 - resource limits: address space (``memory_mb``), CPU seconds, processes (no fork bombs), size
   of files written; no core dumps;
-- a wall-clock limit enforced here: the whole process group is killed;
+- a wall-clock limit enforced here;
+- a clean process table afterwards: the launcher outlives the program as a child subreaper and
+  kills every process the program left, a double-forked daemon in its own session included;
+  when the launcher itself is gone (killed by the program, as the same user), whatever was
+  re-parented to the calling process is killed and reaped by :func:`reap_orphans`, provided the
+  caller is a subreaper (:func:`become_subreaper`; a reward worker is one) -- otherwise zombies
+  of one sample would use up the process limit of every later one;
+- a report channel (``report=True``): a pipe only the program holds and a random nonce, both
+  handed over in the environment (``POLYRL_REPORT_FD``, ``POLYRL_REPORT_NONCE``), so the program
+  can prove that it reached a given point -- an exit status cannot, since any code can exit 0;
 - no network: a new network namespace where the OS allows one (root, or unprivileged user
   namespaces); otherwise an audit hook refuses to create sockets in Python code;
 - a fresh working directory (deleted afterwards) that is the only writable place when a mount
@@ -26,20 +35,35 @@ a container or VM (a reward plugin can).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 _LAUNCHER = str(Path(__file__).with_name("_sandbox_child.py"))
+REPORT_FD_ENV = "POLYRL_REPORT_FD"
+REPORT_NONCE_ENV = "POLYRL_REPORT_NONCE"
+# How long a launcher asked to stop may take to kill what its program left, before the whole
+# group is killed (leaving any escaped orphans to reap_orphans).
+STOP_GRACE_S = 2.0
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+# Launchers started by this process and not yet waited for: reap_orphans leaves them alone.
+_launchers: set[int] = set()
+_launchers_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -64,6 +88,7 @@ class ProgramResult:
     timed_out: bool
     truncated: bool
     elapsed_s: float
+    reported: bool = False  # the program wrote the nonce to the report channel
 
 
 def clean_env(workdir: str) -> dict[str, str]:
@@ -107,6 +132,70 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
 
 
+def end_case(proc: subprocess.Popen) -> None:
+    """End a sandboxed program and everything it started: ask its launcher (SIGTERM), which
+    kills and reaps the program's processes, then kill the group if it has not ended."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE_S)
+    kill_group(proc)
+
+
+def become_subreaper() -> None:
+    """Make this process the subreaper of its descendants (Linux), so that processes a sandboxed
+    program leaves behind come to it, where :func:`reap_orphans` ends them, instead of going to
+    init. For a process that runs sandboxed programs and nothing else of its own: a dedicated
+    worker, not a driver whose other daemons would then be adopted."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _is_subreaper() -> bool:
+    if os.getpid() == 1:
+        return True
+    flag = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag)
+
+
+def _own_children() -> list[int]:
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as fh:
+                pids += [int(pid) for pid in fh.read().split()]
+    return pids
+
+
+def reap_orphans() -> int:
+    """Kill and reap the children of this process that sandboxed programs left behind; the
+    number ended. Only in a subreaper (or PID 1), where orphans come. A child is a sandbox's
+    orphan when it runs in another session than this process (every sandbox starts its own)
+    and is not a launcher still at work; children this process started itself stay."""
+    if not _is_subreaper():
+        return 0
+    ours = os.getsid(0)
+    ended = 0
+    while True:
+        with _launchers_lock:
+            found = []
+            for pid in _own_children():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if pid not in _launchers and os.getsid(pid) != ours:
+                        found.append(pid)
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if not found:
+            return ended
+        for pid in found:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+                ended += 1
+
+
 def run_program(
     source: str,
     stdin: str = "",
@@ -114,31 +203,53 @@ def run_program(
     timeout_s: float = 5.0,
     limits: SandboxLimits = SandboxLimits(),
     max_output_bytes: int = 1 << 20,
+    files: Mapping[str, str] | None = None,
+    report: bool = False,
 ) -> ProgramResult:
-    """Run ``source`` as a Python program in the sandbox, ``stdin`` as its input.
+    """Run ``source`` as a Python program (``main.py``) in the sandbox, ``stdin`` as its input,
+    ``files`` (name -> text) beside it.
 
     Returns within about ``timeout_s`` whatever the program does; output past
-    ``max_output_bytes`` (stdout and stderr together) ends the program (``truncated``).
+    ``max_output_bytes`` (stdout and stderr together) ends the program (``truncated``). With
+    ``report``, ``reported`` says whether the program wrote the nonce of
+    ``POLYRL_REPORT_NONCE`` to the file descriptor ``POLYRL_REPORT_FD`` (see the module doc).
     """
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="polyrl-sandbox-")
+    nonce = secrets.token_hex(16)
+    read_end, write_end = os.pipe() if report else (-1, -1)
     try:
-        Path(workdir, "main.py").write_text(source, encoding="utf-8")
+        for name, text in {"main.py": source, **(files or {})}.items():
+            Path(workdir, name).write_text(text, encoding="utf-8")
+        env = clean_env(workdir)
+        if report:
+            env.update({REPORT_FD_ENV: str(write_end), REPORT_NONCE_ENV: nonce})
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode("utf-8", "replace"))
             stdin_file.seek(0)
-            proc = subprocess.Popen(
-                _command("main.py", [], workdir, limits),
-                stdin=stdin_file,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=clean_env(workdir),
-                start_new_session=True,
-            )
-        deadline = start + timeout_s
-        out, err, timed_out, truncated = _collect(proc, deadline, max_output_bytes)
-        kill_group(proc)  # anything it left behind in its session
+            with _launchers_lock:
+                proc = subprocess.Popen(
+                    _command("main.py", [], workdir, limits),
+                    stdin=stdin_file,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(write_end,) if report else (),
+                )
+                _launchers.add(proc.pid)
+        if report:
+            os.close(write_end)
+            write_end = -1
+        try:
+            deadline = start + timeout_s
+            out, err, timed_out, truncated = _collect(proc, deadline, max_output_bytes)
+            end_case(proc)  # anything it left behind
+        finally:
+            with _launchers_lock:
+                _launchers.discard(proc.pid)
+        reap_orphans()
         return ProgramResult(
             returncode=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
             stdout=out.decode("utf-8", "replace"),
@@ -146,9 +257,22 @@ def run_program(
             timed_out=timed_out,
             truncated=truncated,
             elapsed_s=time.monotonic() - start,
+            reported=report and _read_report(read_end) == nonce.encode(),
         )
     finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_report(fd: int) -> bytes:
+    """What the program wrote to the report channel (it has ended: nothing more will come)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
@@ -161,7 +285,7 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
         while sel.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                kill_group(proc)
+                end_case(proc)
                 return bytes(chunks[1]), bytes(chunks[2]), True, False
             for key, _ in sel.select(timeout=remaining):
                 data = os.read(key.fd, 65536)
@@ -170,14 +294,14 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
                     continue
                 chunks[key.data] += data
                 if len(chunks[1]) + len(chunks[2]) > cap:
-                    kill_group(proc)
+                    end_case(proc)
                     return bytes(chunks[1][:cap]), bytes(chunks[2][:cap]), False, True
     proc.stdout.close()
     proc.stderr.close()
     try:
         proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        kill_group(proc)
+        end_case(proc)
         return bytes(chunks[1]), bytes(chunks[2]), True, False
     return bytes(chunks[1]), bytes(chunks[2]), False, False
 
