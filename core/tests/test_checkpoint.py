@@ -121,7 +121,13 @@ def test_resume_modes(tmp_path):
     assert mgr.resolve_resume({"resume_mode": "auto"}) is None  # fresh start
     first, second = _save(mgr, 1), _save(mgr, 2)
     assert mgr.resolve_resume({"resume_mode": "auto", "resume_from_path": None}) == second
-    assert mgr.resolve_resume({"resume_mode": "disable"}) is None
+    assert (
+        CheckpointManager(str(tmp_path / "new")).resolve_resume({"resume_mode": "disable"}) is None
+    )
+    with pytest.raises(
+        ConfigError, match=r"resume_mode=disable: .*\(global_step_1, global_step_2\)"
+    ):
+        mgr.resolve_resume({"resume_mode": "disable"})  # beside another run's checkpoints
     picked = mgr.resolve_resume({"resume_mode": "resume_path", "resume_from_path": first})
     assert picked == first
 

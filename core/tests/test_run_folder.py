@@ -57,7 +57,8 @@ def test_auto_resume_refuses_a_folder_of_checkpoints_it_cannot_read(tmp_path: Pa
     mgr = CheckpointManager(str(tmp_path))
     with pytest.raises(ConfigError, match=r"1 checkpoint folder\(s\) polyrl cannot resume from"):
         mgr.resolve_resume({"resume_mode": "auto"})
-    assert mgr.resolve_resume({"resume_mode": "disable"}) is None
+    with pytest.raises(ConfigError, match=r"resume_mode=disable: .*\(global_step_100\)"):
+        mgr.resolve_resume({"resume_mode": "disable"})  # a new run beside them: refused too
     assert (tmp_path / "global_step_100" / "actor").is_dir()  # untouched
 
 

@@ -23,9 +23,16 @@ removes at the next start.
 
 "Newest" means the highest step among complete checkpoints. ``latest_checkpointed_iteration.txt``
 is kept up to date (atomically) for verl-compatible tools, but resume does not trust it: a crash
-between the rename and its update would otherwise hide the newest checkpoint. Do not point a new
-run (``resume_mode=disable``) at a folder that holds another run's checkpoints: ``auto`` resume and
-retention would treat them as this run's.
+between the rename and its update would otherwise hide the newest checkpoint.
+
+Nothing polyrl did not write for this run is removed or replaced. A step folder belongs to the
+run whose ``run_id`` its marker holds (a resumed run continues the id of its checkpoint); a
+commit never replaces a ``global_step_<N>`` of another run or another tool, and a new run
+(``resume_mode=disable``) into a folder that already holds step folders is refused before Ray
+starts. Why refuse rather than write beside: checkpoints are found by their verl name in one
+folder, so two runs' checkpoints there cannot be told apart by verl's tools, by retention or by
+the next ``auto`` resume (which would pick the other run's newest); a second naming scheme would
+break those tools, and a refusal at start costs nothing.
 
 On multi-node runs ``default_local_dir`` must be a filesystem shared by the driver and the
 workers (the workers write into the staging folder the driver created).
@@ -174,6 +181,11 @@ RUN_DEFINING_KEYS = (
     # one-step off-policy checkpoints hold the next step's batch and a loader one batch ahead
     "trainer.async_mode",
 )
+# Restored from the checkpoint's optimizer state (torch's Optimizer.load_state_dict puts back every
+# param-group value), so a new value here would be announced but never used: refused.
+RESTORED_BY_CHECKPOINT = re.compile(
+    r"^(actor_rollout_ref\.actor|critic)\.optim\.(lr|weight_decay|betas)$"
+)
 # Expected to differ between the first run and its resumption: not reported.
 RESUME_NEUTRAL_PREFIXES = (
     "trainer.total_training_steps",
@@ -190,6 +202,7 @@ RESUME_NEUTRAL_PREFIXES = (
     "trainer.project_name",
     "trainer.default_local_dir",
     "trainer.max_actor_ckpt_to_keep",
+    "trainer.max_restarts",
 )
 
 
@@ -213,6 +226,31 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list
         line = f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
         changed.append(f"{line} (run-defining)" if key in RUN_DEFINING_KEYS else line)
     return sorted(changed, key=lambda line: not line.endswith("(run-defining)"))
+
+
+def check_resume_changes(
+    checkpoint: str, saved: Mapping[str, Any], current: Mapping[str, Any], allow_changes: bool
+) -> list[str]:
+    """The settings changed since ``checkpoint``'s run that the resumed run applies (for the
+    user to see); a :class:`ConfigError` for a change it would not apply (a value the optimizer
+    state puts back) or, without ``allow_changes``, a run-defining one."""
+    changes = config_changes(saved, current)
+    restored = [c for c in changes if RESTORED_BY_CHECKPOINT.match(c.split(":", 1)[0])]
+    if restored:
+        raise ConfigError(
+            f"resuming {checkpoint} with {'; '.join(restored)}: the checkpoint's optimizer state "
+            f"restores its own value, so the change would not take effect. Resume with the "
+            f"checkpoint's value, or start a new run from its exported weights "
+            f"(actor_rollout_ref.model.path=<hf_model>) in another trainer.default_local_dir"
+        )
+    defining = [c for c in changes if c.endswith("(run-defining)")]
+    if defining and not allow_changes:
+        raise ConfigError(
+            f"resuming {checkpoint} with settings that define another run: "
+            f"{'; '.join(defining)}. Resume with the checkpoint's settings, train into another "
+            f"trainer.default_local_dir, or set trainer.resume_allow_changes=true"
+        )
+    return changes
 
 
 # ---- one live run per folder --------------------------------------------------------------------
@@ -356,6 +394,7 @@ class CheckpointManager:
                 f"commit(step={step}) needs a staging folder made by staging_dir({step}) under "
                 f"{self.root_dir}; got {staging!r}"
             )
+        self._refuse_foreign(self.step_path(step))
         _fsync_tree(staging)
         marker = {
             "step": step,
@@ -383,6 +422,15 @@ class CheckpointManager:
             self._remove(old)
         self._apply_retention(keep=final)
         return final
+
+    def _refuse_foreign(self, final: str) -> None:
+        """A ``global_step_<N>`` that another run or tool wrote is never replaced (checked before
+        the marker is written, so the staged save stays a leftover, not a checkpoint)."""
+        if os.path.lexists(final) and read_marker(final).get("run_id") != self.run_id:
+            raise ConfigError(
+                f"{final} was not written by this run; polyrl does not replace it. Move it "
+                f"away or set trainer.default_local_dir to another folder"
+            )
 
     def _write_latest_file(self) -> None:
         newest = self.latest()
@@ -435,6 +483,14 @@ class CheckpointManager:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
 
+    def newest_of_run(self) -> str | None:
+        """The newest complete checkpoint of this run whose files match their checksums (where
+        a restart after a lost worker goes back to); ``None`` when it has none yet."""
+        for _step, path in reversed(self.complete_checkpoints()):
+            if read_marker(path).get("run_id") == self.run_id and verify_checkpoint(path) is None:
+                return path
+        return None
+
     def clean_stale(self) -> list[str]:
         """Tidy what crashed runs left behind; call once at start, before any save.
 
@@ -482,6 +538,7 @@ class CheckpointManager:
         trainer_cfg = schema_node(trainer_cfg, "trainer")
         mode = str(trainer_cfg.resume_mode)
         if mode == "disable":
+            self._refuse_step_folders_for_a_new_run()
             return None
         if mode == "auto":
             newest = self.latest()
@@ -514,25 +571,43 @@ class CheckpointManager:
         )
         raise ConfigError(f"{problem}: resuming from it would not be exact; {hint}")
 
+    def _step_folders(self) -> list[str]:
+        """The names of every ``global_step_<N>`` folder under the root, complete or not, by
+        step."""
+        if not os.path.isdir(self.root_dir):
+            return []
+        found = [
+            name
+            for name in os.listdir(self.root_dir)
+            if _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.root_dir, name))
+        ]
+        return sorted(found, key=lambda name: int(name[len(STEP_PREFIX) :]))
+
+    def _refuse_step_folders_for_a_new_run(self) -> None:
+        """A new run into a folder with step folders would mix its checkpoints with them (see
+        the module docstring): refused, before anything is written."""
+        existing = self._step_folders()
+        if existing:
+            shown = ", ".join(existing[:4]) + (" ..." if len(existing) > 4 else "")
+            raise ConfigError(
+                f"trainer.resume_mode=disable: {self.root_dir} already holds {len(existing)} "
+                f"checkpoint folder(s) ({shown}); polyrl never replaces them and a new run beside "
+                f"them could not be told apart from them. Set trainer.default_local_dir to a new "
+                f"folder (or move them away)"
+            )
+
     def _refuse_unreadable_checkpoints(self) -> None:
         """``auto`` found nothing to resume: make sure that is not because the folder holds
         checkpoints polyrl cannot read (another tool's layout, folders without the marker),
         which a fresh start would silently train past."""
-        if not os.path.isdir(self.root_dir):
-            return
-        foreign = sorted(
-            name
-            for name in os.listdir(self.root_dir)
-            if _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.root_dir, name))
-        )
+        foreign = self._step_folders()
         if foreign:
             shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
             raise ConfigError(
                 f"trainer.resume_mode=auto: {self.root_dir} holds {len(foreign)} checkpoint "
                 f"folder(s) polyrl cannot resume from ({shown}: no {MARKER_FILE} marker, so "
                 f"written by another tool or a save that never finished); they are left "
-                f"untouched. Train into another trainer.default_local_dir, or set "
-                f"trainer.resume_mode=disable to start fresh beside them"
+                f"untouched. Train into another trainer.default_local_dir (or move them away)"
             )
 
     def _check_resume_path(self, given: Any) -> str:

@@ -431,6 +431,9 @@ class TrainerConfig:
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
     collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs
+    # A worker lost (killed, out of memory, node gone): restart every worker and resume from the
+    # run's newest complete checkpoint, at most this many times per run (0: the run ends)
+    max_restarts: int = 0
     # Placement: role -> resource pool. Roles not listed share the "global" pool of
     # nnodes x n_gpus_per_node workers, one process per device hosting all of them (colocated,
     # verl's hybrid engine). A pool named here needs its size in resource_pools.

@@ -9,6 +9,8 @@ runs. How steps map onto pipeline runs (in order, or generating one step ahead) 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import sys
 import time
@@ -23,13 +25,15 @@ from polyrl.batch import Batch
 from polyrl.checkpoint import (
     CheckpointManager,
     RunLock,
-    config_changes,
+    capture_rng_state,
+    check_resume_changes,
     load_driver_state,
+    restore_rng_state,
     save_driver_state,
 )
 from polyrl.config import to_container
 from polyrl.data.training import TrainingData
-from polyrl.errors import ConfigError
+from polyrl.errors import ConfigError, PolyrlError
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
 from polyrl.lora import describe_lora
@@ -39,12 +43,22 @@ from polyrl.step.context import StepContext
 from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import step_batch_metrics, timing_and_throughput
+from polyrl.trainer.outputs import (
+    check_export_target,
+    clean_export_leftovers,
+    export_is_current,
+    install_export,
+    move_earlier_reward_curve_aside,
+)
+from polyrl.trainer.recovery import Restart, record_restart, worker_died
+from polyrl.workers.group import WorkerError
 from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray
 
 if TYPE_CHECKING:
     from polyrl.data.dataset import RLDataset
+    from polyrl.step import StepState
 
 
 @dataclass
@@ -126,6 +140,10 @@ class RLTrainer:
         self.plan = plan or assemble(cfg)
         if self.plan.problems:
             raise ConfigError("; ".join(self.plan.problems))
+        if int(cfg.trainer.max_restarts) < 0:
+            raise ConfigError(
+                f"trainer.max_restarts={cfg.trainer.max_restarts} must be 0 (off) or more"
+            )
         self.world_size = world_size_of(cfg)
         self.output_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
         self.lock = RunLock(self.output_dir)  # a second run into this folder is refused
@@ -170,23 +188,31 @@ class RLTrainer:
         if self.resume_from:
             self.checkpoints.adopt_run(self.resume_from)
             self._check_resume_config(self.resume_from)
+        if cfg.trainer.export_hf_model:
+            clean_export_leftovers(self.output_dir)
+            check_export_target(self.output_dir, self.checkpoints.run_id)
+        if not self.resume_from:
+            move_earlier_reward_curve_aside(self.output_dir)
 
         device = str(cfg.trainer.device)
         ensure_ray(
             num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
             extra=dict(cfg.trainer.ray_init),
         )
+        self._start_workers()
+
+    def _start_workers(self) -> None:
         eos_ids = sorted(self._eos_token_ids())
         self.workers = start_role_workers(
-            cfg,
+            self.cfg,
             self.pipeline.roles(),
             model_path=self.model_path,
             total_training_steps=self.total_steps,
             tokens={"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
-            plan=plan.worker_plan(),
+            plan=self.plan.worker_plan(),
         )
         self.context = StepContext(
-            cfg=cfg,
+            cfg=self.cfg,
             workers=self.workers,
             tokenizer=self.tokenizer,
             reward=self.reward,
@@ -232,17 +258,12 @@ class RLTrainer:
         return self.checkpoints.commit(step, staging)
 
     def _check_resume_config(self, checkpoint: str) -> None:
-        """Report what changed since the checkpoint's run; refuse run-defining changes (another
-        model, algorithm, n, batch or data) unless ``trainer.resume_allow_changes``."""
+        """Report what changed since the checkpoint's run; refuse a change the checkpoint would
+        undo, and run-defining ones unless ``trainer.resume_allow_changes``
+        (:func:`~polyrl.checkpoint.check_resume_changes`)."""
         saved = load_driver_state(checkpoint, restore_rng=False).get("config") or {}
-        changes = config_changes(saved, to_container(self.cfg))
-        defining = [c for c in changes if c.endswith("(run-defining)")]
-        if defining and not self.cfg.trainer.resume_allow_changes:
-            raise ConfigError(
-                f"resuming {checkpoint} with settings that define another run: "
-                f"{'; '.join(defining)}. Resume with the checkpoint's settings, train into another "
-                f"trainer.default_local_dir, or set trainer.resume_allow_changes=true"
-            )
+        allow = bool(self.cfg.trainer.resume_allow_changes)
+        changes = check_resume_changes(checkpoint, saved, to_container(self.cfg), allow)
         if changes:
             print(f"polyrl: resuming with changed settings: {'; '.join(changes)}", file=sys.stderr)
 
@@ -257,21 +278,45 @@ class RLTrainer:
         print(f"polyrl: resumed from {self.resume_from} (step {state['step']})", file=sys.stderr)
         return int(state["step"])
 
-    def _export(self) -> str:
-        target = os.path.join(self.output_dir, "hf_model")
-        staging = f"{target}.tmp-{os.getpid()}"
-        self.workers.export_hf(staging)
-        if os.path.isdir(target):
-            import shutil
-
-            shutil.rmtree(target)
-        os.replace(staging, target)
-        return target
+    def _export(self) -> str | None:
+        """Write ``hf_model/`` unless it already holds this run's export of the final step (a
+        run stopped after its last checkpoint but before or during the export writes it)."""
+        if not self.cfg.trainer.export_hf_model:
+            return None
+        run_id = self.checkpoints.run_id
+        if not export_is_current(self.output_dir, run_id, self.total_steps):
+            install_export(self.output_dir, run_id, self.total_steps, self.workers.export_hf)
+        return os.path.join(self.output_dir, "hf_model")
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        cfg = self.cfg.trainer
+        """Train to ``total_steps``; with ``trainer.max_restarts`` a lost worker is replaced (all
+        workers restarted, back to this run's newest complete checkpoint) up to that many
+        times (:mod:`polyrl.trainer.recovery`)."""
         start_step = self._resume()
+        self._first_resume_from = self.resume_from
+        # what a restart before the first checkpoint goes back to
+        self._start_state = None if start_step else self._driver_snapshot()
+        self._finished_steps = start_step
+        self._step_running = start_step
+        restarts: list[Restart] = []
+        while True:
+            try:
+                if restarts and restarts[-1].resumed_step < 0:
+                    start_step = self._restart(restarts[-1])
+                return self._fit_from(start_step, restarts[-1] if restarts else None)
+            except WorkerError as exc:
+                if len(restarts) >= int(self.cfg.trainer.max_restarts) or not worker_died(
+                    exc, self.workers
+                ):
+                    raise
+                cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                restarts.append(
+                    Restart(len(restarts) + 1, cause, self._step_running, self._finished_steps)
+                )
+
+    def _fit_from(self, start_step: int, restart: Restart | None) -> TrainResult:
+        cfg = self.cfg.trainer
         logger_ctx = LoggerContext(
             project_name=str(cfg.project_name),
             experiment_name=str(cfg.experiment_name),
@@ -283,6 +328,7 @@ class RLTrainer:
         val_before: dict[str, float] = {}
         val_after: dict[str, float] = {}
         last_checkpoint = self.resume_from
+        pending = restart.metrics() if restart is not None else {}
         with LoggerGroup.from_registrations(self.plan.loggers, logger_ctx) as loggers:
             if cfg.val_before_train and start_step == 0 and self.data.validate is not None:
                 val_before = self.validate()
@@ -292,16 +338,21 @@ class RLTrainer:
                 if val_before:
                     loggers.log(val_before, 0)
             for step in range(start_step + 1, self.total_steps + 1):
+                self._step_running = step
                 metrics = self._train_step(step)
                 is_last = step == self.total_steps
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                     val_after = self.validate()
                     metrics.update(val_after)
                 metrics["training/epoch"] = float(self.loader.epoch)
+                metrics.update(pending)
+                pending = {}
                 loggers.log(metrics, step)
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)
-        hf_model = self._export() if cfg.export_hf_model and self.total_steps > start_step else None
+                self._finished_steps = step
+        self._step_running = self.total_steps + 1  # the export
+        hf_model = self._export()
         metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
         plot = self._plot(metrics_file)
         return TrainResult(
@@ -315,11 +366,49 @@ class RLTrainer:
             val_after=val_after,
         )
 
+    def _driver_snapshot(self) -> dict[str, Any]:
+        """The driver's state before the first step: data position, stage state, RNG."""
+        return copy.deepcopy(
+            {
+                "loader": self.loader.state_dict(),
+                "stages": self.pipeline.state_dict(),
+                "rng": capture_rng_state(),
+            }
+        )
+
+    def _restart(self, restart: Restart) -> int:
+        """Replace every worker and go back to this run's newest complete checkpoint (the one
+        it resumed from, or its start, when it has written none); returns that step."""
+        with contextlib.suppress(PolyrlError):
+            self.workers.shutdown()
+        self.checkpoints.clean_stale()  # the lost workers' half-written save
+        self.resume_from = self.checkpoints.newest_of_run() or self._first_resume_from
+        self.schedule = make_schedule(self.cfg, self.pipeline)
+        self._start_workers()
+        if self.resume_from is None:
+            assert self._start_state is not None
+            self.loader.load_state_dict(self._start_state["loader"])
+            self.pipeline.load_state_dict(self._start_state["stages"])
+            restore_rng_state(self._start_state["rng"])
+        restart.resumed_step = self._resume()
+        record_restart(self.output_dir, restart)
+        print(restart.line(int(self.cfg.trainer.max_restarts)), file=sys.stderr)
+        self._finished_steps = self._step_running = restart.resumed_step
+        return restart.resumed_step
+
     def _saves_checkpoint(self, step: int) -> bool:
         save_freq = self.cfg.trainer.save_freq
         return save_freq > 0 and (step % save_freq == 0 or step == self.total_steps)
 
     def _train_step(self, step: int) -> dict[str, float]:
+        state = self._run_step(step)
+        metrics = dict(state.metrics)
+        metrics.update(step_batch_metrics(state.batch, state.metrics))
+        metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
+        return metrics
+
+    def _run_step(self, step: int) -> StepState:
+        """One training step through the schedule, timed."""
         start = time.perf_counter()
         # The next step's start is needed when there is one, or when this step's checkpoint
         # must hold it (a run resumed from it with more steps continues as this one would).
@@ -329,10 +418,7 @@ class RLTrainer:
             prefetch_next=step < self.total_steps or self._saves_checkpoint(step),
         )
         state.timing["step"] = time.perf_counter() - start
-        metrics = dict(state.metrics)
-        metrics.update(step_batch_metrics(state.batch, state.metrics))
-        metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))
-        return metrics
+        return state
 
     def _plot(self, metrics_file: str) -> str | None:
         """The reward-curve PNG, or None when there is nothing to plot (a run with no steps
