@@ -1,6 +1,8 @@
 """Every config key the code reads is declared in the schema, and every declared key is read.
 
-:mod:`polyrl.config.schema` is the one place where keys and defaults are declared. Two static
+:mod:`polyrl.config.schema` declares core's keys and each plugin declares its own as config
+sections (:mod:`polyrl.config.sections`); the installed plugins' sections are part of the schema
+checked here, and their declared key aliases count as declared. Two static
 scans of the sources of core (``core/src``) and of the first-party plugins (``plugins/*/src``)
 keep it honest:
 
@@ -29,15 +31,13 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
-from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
 
 import pytest
 
 from polyrl.config.keys import FREE_FORM_PREFIXES, schema_keys
-from polyrl.config.schema import VERL_COMPAT_KEYS, PolyrlConfig
+from polyrl.config.schema import VERL_COMPAT_KEYS
+from polyrl.config.sections import key_aliases
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PACKAGE = ROOT / "core" / "src" / "polyrl" / "config"
@@ -60,23 +60,18 @@ OTHER_RECEIVERS = {"engine", "node", "arr", "rm", "fsdp"}
 AMBIGUOUS_RECEIVERS = {"model", "config", "reward_model", "data"}
 HELPER_GETTERS = {"cfg_get", "_get", "_config_value", "get", "select"}
 DICT_METHODS = {"get", "items", "keys", "values", "pop", "copy", "setdefault", "update"}
-TOP_GROUPS = tuple(f.name for f in fields(PolyrlConfig))
-PATH_IN_TEXT = re.compile(
-    r"(?<![\w.{$])((?:" + "|".join(TOP_GROUPS) + r")(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(])"
-)
 
 
 # ---- the schema --------------------------------------------------------------------------------
-def _groups(node: Any = PolyrlConfig, prefix: str = "") -> Iterator[tuple[str, type]]:
-    yield prefix.rstrip("."), node
-    hints = get_type_hints(node)
-    for f in fields(node):
-        if is_dataclass(hints[f.name]):
-            yield from _groups(hints[f.name], f"{prefix}{f.name}.")
-
-
+# Core's schema and every installed plugin's config sections (polyrl.config.sections).
 DECLARED = set(schema_keys())
-GROUPS = {path for path, _ in _groups() if path}
+GROUPS = {key for key in DECLARED if any(other.startswith(key + ".") for other in DECLARED)}
+TOP_GROUPS = tuple(sorted(key for key in DECLARED if "." not in key))
+PATH_IN_TEXT = re.compile(
+    r"(?<![\w.{$])((?:" + "|".join(TOP_GROUPS) + r")(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(])"
+)
+# Keys (or groups) plugins accept as another name of a declared key: declared too.
+ALIASES = tuple(key_aliases())
 LEAVES = sorted(DECLARED - GROUPS)
 NAMES = {key.rpartition(".")[2] for key in DECLARED}
 GROUP_NAMES = {path.rpartition(".")[2] for path in GROUPS}
@@ -89,6 +84,8 @@ def _free_form(path: str) -> bool:
 def _declared(path: str) -> bool:
     """``path`` is a declared key, or lies below a free-form key, or is a method of a leaf."""
     if path in DECLARED or _free_form(path):
+        return True
+    if any(path == alias or path.startswith(alias + ".") for alias in ALIASES):
         return True
     parent, _, _name = path.rpartition(".")
     return parent in DECLARED and parent not in GROUPS  # e.g. trainer.logger.append

@@ -8,7 +8,13 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from test_workers_roles import RecordingEngine, RecordingRollout, context, train_batch
+from test_workers_roles import (
+    RECORDING_SECTIONS,
+    RecordingEngine,
+    RecordingRollout,
+    context,
+    train_batch,
+)
 
 from polyrl.specs import RolloutEngineSpec, TrainingEngineSpec
 from polyrl.workers.roles.actor import ActorRole
@@ -53,7 +59,11 @@ def lora_engines(isolated_registry, register_plugin):
     register_plugin(
         [
             TrainingEngineSpec(
-                name="recording", description="test", engine=LoraRecordingEngine, supports_lora=True
+                name="recording",
+                description="test",
+                engine=LoraRecordingEngine,
+                supports_lora=True,
+                config_sections=RECORDING_SECTIONS,
             ),
             RolloutEngineSpec(name="recording", description="test", engine=RecordingRollout),
             RolloutEngineSpec(

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
-from polyrl.config.schema import PolyrlConfig
+from polyrl.config.sections import schema_config
 from polyrl.interfaces import RolloutEngine, TrainingEngine
 from polyrl.registry import get_registry
 from polyrl.specs import PluginKind, RolloutEngineSpec, TrainingEngineSpec
@@ -90,7 +90,7 @@ def fixed_engine(isolated_registry, register_plugin):
 def config(epochs: int = 1):
     """4 rows, one mini-batch of all of them; ``epochs=1``: on-policy (one optimizer step)."""
     cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
+        schema_config(),
         {
             "actor_rollout_ref": {
                 "model": {"path": "model"},

@@ -1,13 +1,15 @@
 """Core roles (actor, ref, rollout) over recording engines registered in-process: which engine
 settings each role builds, the actor update by a driver-made plan, generation seeds per dp rank."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
-from polyrl.config.schema import PolyrlConfig
+from polyrl.config.sections import schema_config
 from polyrl.interfaces import RolloutEngine, SamplingParams, TrainingEngine
 from polyrl.seeding import derive_seed
 from polyrl.specs import RolloutEngineSpec, TrainingEngineSpec
@@ -109,7 +111,12 @@ class TensorParallelRollout(RecordingRollout):
 def engines(isolated_registry, register_plugin):
     register_plugin(
         [
-            TrainingEngineSpec(name="recording", description="test", engine=RecordingEngine),
+            TrainingEngineSpec(
+                name="recording",
+                description="test",
+                engine=RecordingEngine,
+                config_sections=RECORDING_SECTIONS,
+            ),
             RolloutEngineSpec(name="recording", description="test", engine=RecordingRollout),
             RolloutEngineSpec(
                 name="recording_tp", description="test", engine=TensorParallelRollout
@@ -118,16 +125,30 @@ def engines(isolated_registry, register_plugin):
     )
 
 
+@dataclass
+class OffloadSettings:
+    """An engine plugin's own section under the actor and the reference (as FSDP's
+    fsdp_config): the reference's is merged over the actor's like core's keys."""
+
+    param_offload: bool = False
+
+
+RECORDING_SECTIONS = {
+    "actor_rollout_ref.actor.offload": OffloadSettings,
+    "actor_rollout_ref.ref.offload": OffloadSettings,
+}
+
+
 def context(role, rank=0, world_size=1, **overrides):
     cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
+        schema_config(),
         {
             "actor_rollout_ref": {
                 "model": {"path": "model"},
                 "actor": {"strategy": "recording", "ppo_epochs": 2, "ppo_mini_batch_size": 2},
                 "ref": {
                     "log_prob_micro_batch_size_per_gpu": 5,
-                    "fsdp_config": {"param_offload": True},
+                    "offload": {"param_offload": True},
                 },
                 "rollout": {
                     "name": "recording",
@@ -186,7 +207,7 @@ def test_ref_engine_settings_merge_the_ref_node_over_the_actors(engines):
     ctx = ref.engine.ctx
     assert (ctx.role, ctx.trainable) == ("ref", False)
     assert ctx.engine.log_prob_micro_batch_size_per_gpu == 5
-    assert ctx.engine.fsdp_config.param_offload is True
+    assert ctx.engine.offload.param_offload is True
     assert ctx.engine.ppo_epochs == 2  # the rest comes from the actor node
     assert "total_optimizer_steps" not in ctx.engine
     assert ref.data_parallel_rank() == DataParallelRank(1, 2, True)

@@ -25,6 +25,7 @@ class PluginKind(str, Enum):
     REWARD_PROVIDER = "reward_provider"
     LOGGER = "logger"
     ALGORITHM = "algorithm"
+    DATA_SOURCE_SCORER = "data_source_scorer"
 
     @property
     def config_key(self) -> str:
@@ -39,6 +40,8 @@ _CONFIG_KEYS = {
     PluginKind.REWARD_PROVIDER: "reward_model.reward_manager",
     PluginKind.LOGGER: "trainer.logger",
     PluginKind.ALGORITHM: "algorithm.name",
+    # not a config key's value: a row's data_source (the column data.reward_fn_key names)
+    PluginKind.DATA_SOURCE_SCORER: "data.reward_fn_key",
 }
 
 
@@ -69,12 +72,23 @@ class _Spec:
     ``runtime_modules`` names the modules the implementation needs at run time (``("vllm",)``):
     the driver checks they import before Ray starts, so a missing backend is one line, not a
     traceback from inside a worker.
+
+    ``config_sections`` maps dotted config paths to the dataclass (an instance of it, for
+    interpolated defaults, or an import string to either) declaring the keys this plugin reads
+    there, at verl's place in the tree: ``{"actor_rollout_ref.actor.fsdp_config":
+    "polyrl_engine_fsdp.settings:FSDPSettings"}``. Sections are mounted into the schema whenever
+    the package is installed (:mod:`polyrl.config.sections`), so they are typed, shown by
+    ``polyrl config`` and spelled-checked like core's keys; keep their module free of heavy
+    imports. ``key_aliases`` maps an older or verl-only key (or group) to the key it means;
+    command-line overrides are rewritten to it.
     """
 
     name: str
     description: str
     config_check: Callable[[Any], list[str]] | str | None = field(default=None, kw_only=True)
     runtime_modules: tuple[str, ...] = field(default=(), kw_only=True)
+    config_sections: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+    key_aliases: Mapping[str, str] = field(default_factory=dict, kw_only=True)
 
     def capability_flags(self) -> dict[str, Any]:
         """Capability flags of this registration, as shown by ``polyrl plugins``."""
@@ -295,6 +309,30 @@ class AlgorithmSpec(_Spec):
         return resolve_object(self.pipeline)
 
 
+@dataclass(frozen=True)
+class DataSourceScorerSpec(_Spec):
+    """A verifiable scorer for rows whose ``data_source`` is one of ``data_sources``, used by
+    the built-in ``naive`` reward provider beside core's own scorers whenever its package is
+    installed (no key selects it: the rows do).
+
+    ``fn`` is ``fn(data_source, solution_str, ground_truth, extra_info, settings) -> float |
+    dict`` (a dict has ``score`` and numeric extras), given as an import string or a
+    module-level function: reward workers, sandboxed ones included, import it themselves.
+    ``settings_key`` names the key under ``reward_model`` whose node reaches ``fn`` as a plain
+    dict (``"code"`` for ``reward_model.code``; declare it in ``config_sections``); None: ``{}``.
+    """
+
+    fn: Callable[..., Any] | str = ""
+    data_sources: tuple[str, ...] = ()
+    settings_key: str | None = None
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {"data_sources": list(self.data_sources)}
+
+    def load(self) -> Callable[..., Any]:
+        return resolve_object(self.fn)
+
+
 SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.TRAINING_ENGINE: TrainingEngineSpec,
     PluginKind.ROLLOUT_ENGINE: RolloutEngineSpec,
@@ -303,6 +341,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.REWARD_PROVIDER: RewardProviderSpec,
     PluginKind.LOGGER: LoggerSpec,
     PluginKind.ALGORITHM: AlgorithmSpec,
+    PluginKind.DATA_SOURCE_SCORER: DataSourceScorerSpec,
 }
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
@@ -351,4 +390,5 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "reinforce_plus_plus_baseline": "polyrl-algo-reinforce",
         "dpo": "polyrl-algo-dpo",
     },
+    PluginKind.DATA_SOURCE_SCORER: {"code": "polyrl-reward-code"},
 }

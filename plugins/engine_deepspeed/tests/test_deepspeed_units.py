@@ -9,7 +9,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from polyrl.config.schema import PolyrlConfig
+from polyrl.api.testing import schema_config
 from polyrl.config.validate import validate_config
 from polyrl.errors import ConfigError
 from polyrl.registry import discover
@@ -20,9 +20,7 @@ from polyrl_engine_deepspeed.settings import DeepSpeedSettings, deepspeed_settin
 
 
 def _cfg(*overrides: str):
-    return OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(list(overrides))
-    )
+    return OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(list(overrides)))
 
 
 # ---- the config check ---------------------------------------------------------------------------

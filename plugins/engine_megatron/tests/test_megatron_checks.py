@@ -8,7 +8,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-from polyrl.config.schema import PolyrlConfig
+from polyrl.api.testing import schema_config
 from polyrl.config.validate import validate_config
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
@@ -19,9 +19,7 @@ PP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
 
 
 def _cfg(*overrides: str):
-    return OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(list(overrides))
-    )
+    return OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(list(overrides)))
 
 
 def test_registered_cuda_only_and_light():

@@ -22,7 +22,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from polyrl.config.schema import PolyrlConfig, RolloutConfig
+from polyrl.api.testing import schema_config
+from polyrl.config.schema import RolloutConfig
 from polyrl.errors import ConfigError
 from polyrl.interfaces import SamplingParams
 from polyrl.registry import discover
@@ -128,7 +129,7 @@ def test_missing_sglang_is_one_line_before_ray_and_names_the_extra():
         import sys
         sys.modules["sglang"] = None
         from omegaconf import OmegaConf
-        from polyrl.config.schema import PolyrlConfig
+        from polyrl.api.testing import schema_config
         from polyrl.preflight import check_registration
         from polyrl.registry import PluginBrokenError, discover
         from polyrl.specs import PluginKind
@@ -162,7 +163,7 @@ def test_config_check_module_is_light():
 # ---- config mapping and checks -----------------------------------------------------------------
 def _check(*overrides: str) -> list[str]:
     dotlist = [f"{ROLLOUT}.name=sglang", "trainer.device=cuda", *overrides]
-    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(dotlist))
+    cfg = OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(dotlist))
     return check_config(cfg)
 
 
@@ -190,7 +191,7 @@ def test_cpu_is_refused_by_core_for_this_engine():
     from polyrl.config.validate import validate_config
 
     cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig),
+        schema_config(),
         OmegaConf.from_dotlist([f"{ROLLOUT}.name=sglang", "trainer.device=cpu"]),
     )
     problems = validate_config(cfg)
@@ -202,9 +203,7 @@ def test_cpu_is_refused_by_core_for_this_engine():
 
 
 def _node(**values):
-    cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig), {"actor_rollout_ref": {"rollout": values}}
-    )
+    cfg = OmegaConf.merge(schema_config(), {"actor_rollout_ref": {"rollout": values}})
     return cfg.actor_rollout_ref.rollout
 
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from polyrl.api.testing import schema_config
 from polyrl.batch import Batch
-from polyrl.config.schema import PolyrlConfig, RolloutConfig
+from polyrl.config.schema import RolloutConfig
 from polyrl.errors import ConfigError
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
@@ -139,9 +140,7 @@ def test_engine_args_on_cuda_and_flat_passthrough(tmp_path):
 
 def _rollout_node(**values):
     """The ``actor_rollout_ref.rollout`` node of the schema with ``values`` merged in."""
-    cfg = OmegaConf.merge(
-        OmegaConf.structured(PolyrlConfig), {"actor_rollout_ref": {"rollout": values}}
-    )
+    cfg = OmegaConf.merge(schema_config(), {"actor_rollout_ref": {"rollout": values}})
     return cfg.actor_rollout_ref.rollout
 
 
@@ -156,7 +155,7 @@ def test_partial_dicts_take_the_schema_defaults(tmp_path):
 
 def _check(*overrides: str) -> list[str]:
     dotlist = ["actor_rollout_ref.rollout.name=vllm", *overrides]
-    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), OmegaConf.from_dotlist(dotlist))
+    cfg = OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(dotlist))
     return check_config(cfg)
 
 

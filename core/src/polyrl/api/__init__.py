@@ -67,6 +67,7 @@ from polyrl.specs import (
     POLICY_LOSS_KEYS,
     AdvantageEstimatorSpec,
     AlgorithmSpec,
+    DataSourceScorerSpec,
     LoggerSpec,
     PluginKind,
     PolicyLossSpec,
@@ -115,9 +116,15 @@ _LAZY: dict[str, str] = {
     "clipped_surrogate": "polyrl.algorithms.policy_loss:clipped_surrogate",
     "masked_mean": "polyrl.algorithms.functional:masked_mean",
     "masked_whiten": "polyrl.algorithms.functional:masked_whiten",
+    # the sandbox for model-written code (data-source scorers that run programs)
+    "ProgramResult": "polyrl.rewards.sandbox:ProgramResult",
+    "SandboxLimits": "polyrl.rewards.sandbox:SandboxLimits",
+    "run_program": "polyrl.rewards.sandbox:run_program",
     # config and settings helpers
     "plugin_settings": "polyrl.config.keys:plugin_settings",
     "schema_node": "polyrl.config.nodes:schema_node",
+    "schema_config": "polyrl.config.sections:schema_config",
+    "OptimConfig": "polyrl.config.schema:OptimConfig",
     # config checks (``AlgorithmSpec.config_check`` and the engines' checks)
     "Checker": "polyrl.config.checks.checker:Checker",
     "LOSS_AGG_MODES": "polyrl.config.checks.ranges:LOSS_AGG_MODES",
@@ -170,10 +177,13 @@ if TYPE_CHECKING:
     from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
     from polyrl.config.keys import plugin_settings
     from polyrl.config.nodes import schema_node
+    from polyrl.config.schema import OptimConfig
+    from polyrl.config.sections import schema_config
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.training import TrainingData, training_data_from_files
     from polyrl.plan import RunPlan, assemble, build_pipeline, select_algorithm
+    from polyrl.rewards.sandbox import ProgramResult, SandboxLimits, run_program
     from polyrl.rollout_config import (
         DTYPE_ALIASES,
         SEED_STRIDE,
@@ -235,6 +245,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DataParallelRank",
+    "DataSourceScorerSpec",
     "Dispatch",
     "EngineContext",
     "LoggerContext",
@@ -244,10 +255,12 @@ __all__ = [
     "MicroBatchValueLossFn",
     "MiniBatchPlan",
     "ModelHead",
+    "OptimConfig",
     "PluginKind",
     "PolicyLossFn",
     "PolicyLossSpec",
     "PolyrlError",
+    "ProgramResult",
     "PromptLoader",
     "RefLogProbStage",
     "RewardContext",
@@ -265,6 +278,7 @@ __all__ = [
     "RunPlan",
     "SafeFileSystemReader",
     "SamplingParams",
+    "SandboxLimits",
     "Stage",
     "StepContext",
     "StepPipeline",
@@ -313,6 +327,8 @@ __all__ = [
     "resolve_model_path",
     "role_world",
     "rollout_node",
+    "run_program",
+    "schema_config",
     "schema_node",
     "score_responses",
     "select_algorithm",

@@ -10,7 +10,8 @@ import from core.
 
 - conformance suites, one base test class per plugin kind (:mod:`polyrl.testing`);
 - ``actor_config`` / ``algorithm_config``: the schema nodes a policy loss / an estimator receives;
-- ``PolyrlConfig``: the run config's schema, to compose a whole config in a test;
+- ``schema_config()``: the run config's whole schema (core's keys and every installed plugin's
+  sections) at its defaults, to compose a whole config in a test; ``PolyrlConfig``: core's part;
 - ``build_tiny_model``: polyrl's tiny Qwen2 (random weights, its own tokenizer) saved to a folder;
 - ``rollout_contract``: the scaffolding of the rollout engines' contract tests (a module);
 - ``run_stage`` (with ``ScriptedRoles``, ``RoleCall``): one stage on one batch, without Ray;
@@ -40,6 +41,7 @@ _LAZY: dict[str, str] = {
     "actor_config": "polyrl.testing.configs:actor_config",
     "algorithm_config": "polyrl.testing.configs:algorithm_config",
     "PolyrlConfig": "polyrl.config.schema:PolyrlConfig",
+    "schema_config": "polyrl.config.sections:schema_config",
     "build_tiny_model": "polyrl.models.tiny:build_tiny_model",
     "rollout_contract": "polyrl.testing.rollout_contract",
     "RoleCall": "polyrl.testing.stages:RoleCall",
@@ -50,6 +52,7 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:
     from polyrl.config.schema import PolyrlConfig
+    from polyrl.config.sections import schema_config
     from polyrl.models.tiny import build_tiny_model
     from polyrl.testing import rollout_contract
     from polyrl.testing.configs import actor_config, algorithm_config
@@ -81,6 +84,7 @@ __all__ = [
     "build_tiny_model",
     "rollout_contract",
     "run_stage",
+    "schema_config",
     "worker_plan",
 ]
 

@@ -8,7 +8,6 @@ from typing import Any, TypeVar, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
-from polyrl.config.schema import PolyrlConfig
 from polyrl.errors import ConfigError
 
 _T = TypeVar("_T")
@@ -25,8 +24,11 @@ FREE_FORM_PREFIXES = (
 GROUP_KEYS = ("recipe",)
 
 
-def schema_keys(node: Any = PolyrlConfig, prefix: str = "") -> list[str]:
-    """Every dotted key the schema declares (leaves and groups)."""
+def schema_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted key the schema declares (leaves and groups): of the dataclass ``node``, or
+    by default of the run's whole schema, the installed plugins' sections included."""
+    if node is None:
+        return _whole_schema(schema_keys)
     keys: list[str] = []
     hints = get_type_hints(node)
     for f in fields(node):
@@ -67,10 +69,13 @@ def _as_list_value(override: str) -> str:
 def check_override_keys(overrides: list[str]) -> None:
     """Raise :class:`ConfigError` for an override whose key the schema does not declare.
 
-    Also rewrites ``overrides`` in place with :func:`normalize_overrides`, so that callers that
-    pass their list on to Hydra get keys under free-form sections (``plugins.<name>.*``) accepted.
+    Also rewrites ``overrides`` in place: plugins' declared key aliases become the keys they
+    mean, and :func:`normalize_overrides` applies, so that callers that pass their list on to
+    Hydra get keys under free-form sections (``plugins.<name>.*``) accepted.
     """
-    overrides[:] = normalize_overrides(overrides)
+    from polyrl.config.sections import apply_aliases
+
+    overrides[:] = normalize_overrides(apply_aliases(overrides))
     valid = set(schema_keys())
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -132,9 +137,11 @@ def override_type_error(message: str, cause: str) -> str:
     return f"{override}: {what}{hint}"
 
 
-def schema_types(node: Any = PolyrlConfig, prefix: str = "") -> dict[str, str]:
+def schema_types(node: Any = None, prefix: str = "") -> dict[str, str]:
     """The declared type of every leaf key, written as a user would (``an integer``, ``a list,
-    e.g. [a,b]`` ...)."""
+    e.g. [a,b]`` ...); by default of the run's whole schema."""
+    if node is None:
+        return _whole_schema(schema_types)
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     types: dict[str, str] = {}
     hints = get_type_hints(node)
@@ -149,6 +156,24 @@ def schema_types(node: Any = PolyrlConfig, prefix: str = "") -> dict[str, str]:
         elif hint in names:
             types[key] = names[hint]
     return types
+
+
+def _whole_schema(walk: Any) -> Any:
+    """``walk`` (:func:`schema_keys` or :func:`schema_types`) over core's schema and every
+    installed plugin's config section; for keys, with the groups a section's path creates."""
+    from polyrl.config.sections import section_classes
+
+    if walk is schema_types:
+        types: dict[str, str] = {}
+        for path, cls in section_classes():
+            types.update(schema_types(cls, f"{path}." if path else ""))
+        return types
+    keys: list[str] = []
+    for path, cls in section_classes():
+        parts = path.split(".") if path else []
+        keys.extend(".".join(parts[: i + 1]) for i in range(len(parts)))
+        keys.extend(schema_keys(cls, f"{path}." if path else ""))
+    return list(dict.fromkeys(keys))
 
 
 def plugin_settings(node: Any, name: str, config_class: type[_T]) -> _T:

@@ -9,8 +9,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from polyrl.config.schema import PolyrlConfig
-
 CONFIG_MODULE = "polyrl.config.conf"
 PRIMARY_CONFIG = "polyrl"
 SCHEMA_NAME = "polyrl_schema"
@@ -19,7 +17,6 @@ SCHEMA_NAME = "polyrl_schema"
 ALGORITHM_DEFAULTS_GROUP = "algorithm_defaults"
 NO_ALGORITHM_DEFAULTS = "none"
 
-ConfigStore.instance().store(name=SCHEMA_NAME, node=PolyrlConfig)
 ConfigStore.instance().store(
     group=ALGORITHM_DEFAULTS_GROUP, name=NO_ALGORITHM_DEFAULTS, node={}, package="_global_"
 )
@@ -34,7 +31,11 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     closest valid key for a misspelled one.
     """
     from polyrl.config.keys import check_override_keys
+    from polyrl.config.sections import schema_config
 
+    # The schema is stored afresh each time: installed plugins' sections are part of it, and a
+    # plugin registered in-process (polyrl.register) may have added some since the last call.
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema_config())
     overrides = list(overrides or [])
     check_override_keys(overrides)
     cfg = _compose(overrides)

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from polyrl.config.schema import PolyrlConfig
+from polyrl.config.sections import schema_config
 from polyrl.errors import ConfigError
 
 
@@ -40,7 +40,7 @@ def schema_node(node: Any, path: str) -> Any:
     for part in reversed(path.split(".")):
         nested = {part: nested}
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), nested)
+        merged = OmegaConf.merge(schema_config(), nested)
     except OmegaConfBaseException as exc:
         raise ConfigError(_merge_message(path, exc)) from exc
     return OmegaConf.select(merged, path)

@@ -15,7 +15,7 @@ turns that into a message with the closest valid key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
@@ -35,20 +35,6 @@ class KLControlConfig:
 
 
 @dataclass
-class FilterGroupsConfig:
-    """DAPO's dynamic sampling (read by the dapo algorithm): drop the groups whose ``metric`` is
-    the same for every sample, and generate more until data.train_batch_size groups are kept."""
-
-    enable: bool = False
-    # score (the reward's score) | seq_reward (sum of token_level_scores) | seq_final_reward (sum
-    # of token_level_rewards) | any named extra the reward returns per sample, e.g. acc
-    metric: str = "score"
-    max_num_gen_batches: int = 0  # generation rounds per step; <= 0: no limit
-    # true: at max_num_gen_batches, train on the groups kept so far instead of stopping the run
-    train_partial_batch: bool = False
-
-
-@dataclass
 class AlgorithmConfig:
     # null: the algorithm plugin that owns adv_estimator (polyrl.plan)
     name: Any = None
@@ -60,7 +46,6 @@ class AlgorithmConfig:
     # kl (k1) | abs | mse (k2) | low_var_kl (k3), each also with "+" (k2's gradient): k3+
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -72,8 +57,6 @@ class DataConfig:
     max_prompt_length: int = 512
     max_response_length: int = 256
     train_batch_size: int = 8
-    # prompts drawn per generation round of dynamic sampling (algorithm.filter_groups)
-    gen_batch_size: int = "${data.train_batch_size}"  # type: ignore[assignment]
     val_batch_size: Any = None  # None: the whole val set at once
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right (when not filtering)
@@ -91,8 +74,6 @@ class ModelConfig:
     # FSDP, DeepSpeed and Megatron engines: each micro-batch packed into one row of real tokens
     # (varlen attention on CUDA)
     use_remove_padding: bool = True
-    # FSDP engine: Liger-Kernel's RoPE/RMSNorm/SwiGLU, when on CUDA with polyrl-engine-fsdp[cuda]
-    use_liger: bool = True
     # FSDP, DeepSpeed (ZeRO-1/2) and Megatron (packed rows; vocab-parallel with TP > 1)
     # engines: log-probs and entropy from hidden states, without fp32 full-vocabulary logits
     use_fused_kernels: bool = True
@@ -123,29 +104,6 @@ class OptimConfig:
     warmup_style: Any = None
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0
-
-
-@dataclass
-class FSDPConfig:
-    param_offload: bool = False
-    optimizer_offload: bool = False
-    reshard_after_forward: bool = True
-    mixed_precision: bool = True  # fp32 master weights, bf16 compute
-    fsdp_size: int = -1
-    # FSDP engine: within one optimizer step keep each layer's full weights gathered and its
-    # gradients unsharded in fp32, reduce-scattered once after the last micro-batch (not after
-    # each). true / false, or auto: on CUDA when the full bf16 weights and fp32 gradients take
-    # at most a tenth of the GPU's memory
-    accumulate_unsharded: Any = "auto"
-
-
-@dataclass
-class MegatronConfig:
-    """verl's ``megatron`` group of the actor (read by polyrl-engine-megatron): how the model is
-    split over the workers of its pool. The data-parallel size is the rest: workers / (TP x PP)."""
-
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
 
 
 @dataclass
@@ -185,8 +143,6 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # FSDP engine, CUDA: each decoder layer's forward (and its backward) through torch.compile,
     # which fuses the element-wise ops Liger's kernels would and cuts the per-op launch cost;
     # Liger is then not patched in (a LoRA actor's layers stay eager). The fused log-probs
@@ -196,18 +152,11 @@ class ActorConfig:
     use_torch_compile: bool = True
 
 
-def _follow_actor_fsdp() -> FSDPConfig:
-    """The reference's FSDP settings default to the actor's (each key can be set for the ref)."""
-    values: dict[str, Any] = {
-        f.name: f"${{actor_rollout_ref.actor.fsdp_config.{f.name}}}" for f in fields(FSDPConfig)
-    }
-    return FSDPConfig(**values)
-
-
 @dataclass
 class RefConfig:
     """The reference policy. Its engine is built from ``actor_rollout_ref.actor`` with these keys
-    merged over it; each defaults to the actor's value."""
+    (and the engine plugins' sections here, such as ``fsdp_config``) merged over it; each
+    defaults to the actor's value."""
 
     log_prob_micro_batch_size_per_gpu: int = (
         "${actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu}"  # type: ignore[assignment]
@@ -215,7 +164,6 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = (
         "${actor_rollout_ref.actor.log_prob_max_token_len_per_gpu}"  # type: ignore[assignment]
     )
-    fsdp_config: FSDPConfig = field(default_factory=_follow_actor_fsdp)
 
 
 @dataclass
@@ -260,9 +208,6 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     enforce_eager: bool = True
     free_cache_engine: bool = True
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    enable_prefix_caching: bool = True
     # verl 0.5-0.6's key: the most bytes of weights one request of a weight sync carries, for
     # engines that load the trainer's stream in buckets (sglang), and the bucket size of the
     # weight transport between pools (actor_rollout_ref.hybrid_engine=false)
@@ -287,56 +232,6 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-
-
-@dataclass
-class CriticModelConfig:
-    """The critic's value model: a fresh one-scalar head on a causal-LM backbone."""
-
-    # null: the actor's model (actor_rollout_ref.model.path); else any form that key accepts
-    path: Any = None
-    enable_gradient_checkpointing: bool = "${actor_rollout_ref.model.enable_gradient_checkpointing}"  # type: ignore[assignment]
-    use_remove_padding: bool = True  # FSDP engine: the critic's micro-batches packed too
-    fsdp_config: FSDPConfig = field(default_factory=_follow_actor_fsdp)
-
-
-def _critic_optim() -> OptimConfig:
-    """verl's critic learning rate; the clip follows critic.grad_clip, verl's key for it."""
-    return OptimConfig(lr=1e-5, clip_grad="${critic.grad_clip}")  # type: ignore[arg-type]
-
-
-@dataclass
-class CriticConfig:
-    """PPO's value model, with verl's keys and defaults; unset batch keys follow the actor's."""
-
-    # null: on exactly when the selected algorithm trains a critic (adv_estimator=gae), as in
-    # verl; true: refused when it does not; false: refused when it does (GAE needs the values)
-    enable: Any = None
-    strategy: str = "${actor_rollout_ref.actor.strategy}"  # a training engine with a value head
-    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
-    ppo_micro_batch_size_per_gpu: int = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
-    forward_micro_batch_size_per_gpu: int = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
-    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
-    ppo_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
-    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
-    cliprange_value: float = 0.5  # new values stay within this distance of the old ones
-    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
-    grad_clip: float = 1.0
-    optim: OptimConfig = field(default_factory=_critic_optim)
-    model: CriticModelConfig = field(default_factory=CriticModelConfig)
-
-
-@dataclass
-class OverlongBufferConfig:
-    """DAPO's soft overlong punishment (read by the dapo algorithm): a response longer than
-    data.max_response_length - len loses up to penalty_factor, linearly over the last len
-    tokens."""
-
-    enable: bool = False
-    len: int = 0  # tokens; must be 1 .. data.max_response_length when enabled
-    penalty_factor: float = 1.0
 
 
 @dataclass
@@ -388,7 +283,6 @@ class RewardModelConfig:
     sandbox: str = "auto"
     sandbox_memory_mb: int = 4096  # address-space limit of one sandboxed reward worker
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -410,9 +304,6 @@ class TrainerConfig:
     device: str = "cpu"  # cpu | cuda
     total_epochs: int = 1
     total_training_steps: Any = None  # None: epochs x batches per epoch
-    # With a critic: the actor (and the rollout's weights) update from step critic_warmup on, so
-    # steps 1 .. critic_warmup - 1 train only the critic (verl's rule; 0 and 1: no warm-up)
-    critic_warmup: int = 0
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
@@ -450,7 +341,6 @@ class PolyrlConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(
         default_factory=CustomRewardFunctionConfig

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec, hookimpl
+from polyrl_algo_grpo.dapo_settings import CONFIG_SECTIONS as DAPO_SECTIONS
+from polyrl_algo_grpo.dapo_settings import KEY_ALIASES as DAPO_ALIASES
 
 _ADV = "polyrl_algo_grpo.advantages"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
@@ -52,6 +54,8 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
         },
         config_check="polyrl_algo_grpo.checks:check_dapo_config",
+        config_sections=DAPO_SECTIONS,
+        key_aliases=DAPO_ALIASES,
         owned_keys=(
             "algorithm.filter_groups",
             "data.gen_batch_size",

@@ -35,9 +35,16 @@ if TYPE_CHECKING:
 
 def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
     """The critic's engine node: the actor's, with the critic's keys (verl's names) over it."""
-    critic = cfg.critic
+    critic, actor = cfg.critic, cfg.actor_rollout_ref.actor
+    # Engine plugins' sections under critic.model (the FSDP engine's fsdp_config) override the
+    # actor's group of the same name.
+    engine_groups = {
+        key: plain_node(critic.model[key])
+        for key in critic.model
+        if OmegaConf.is_dict(critic.model[key]) and key in actor
+    }
     return OmegaConf.merge(
-        plain_node(cfg.actor_rollout_ref.actor),
+        plain_node(actor),
         {
             "strategy": critic.strategy,
             "ppo_mini_batch_size": critic.ppo_mini_batch_size,
@@ -50,7 +57,7 @@ def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
             "shuffle": critic.shuffle,
             "loss_agg_mode": critic.loss_agg_mode,
             "optim": plain_node(critic.optim),
-            "fsdp_config": plain_node(critic.model.fsdp_config),
+            **engine_groups,
             "total_optimizer_steps": optimizer_steps_per_training_step(cfg, critic)
             * total_training_steps,
         },

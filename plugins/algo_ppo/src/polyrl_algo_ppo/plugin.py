@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, hookimpl
+from polyrl_algo_ppo.settings import CONFIG_SECTIONS
 
 
 @hookimpl
@@ -21,6 +22,7 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         plugin_keys={"critic.strategy": "training_engine"},
         config_defaults={"algorithm.adv_estimator": "gae"},
         config_check="polyrl_algo_ppo.checks:check_config",
+        config_sections=CONFIG_SECTIONS,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import TrainingEngineSpec, hookimpl
+from polyrl_engine_fsdp.settings import CONFIG_SECTIONS
 
 ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
 ENGINE_NAMES = ("fsdp2", "fsdp")
@@ -30,6 +31,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         supports_value_head=True,
         runtime_modules=("torch",),
         config_check=CONFIG_CHECK,
+        config_sections=CONFIG_SECTIONS,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import TrainingEngineSpec, hookimpl
+from polyrl_engine_megatron.settings import CONFIG_SECTIONS
 
 
 @hookimpl
@@ -28,4 +29,5 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         supports_checkpoint=True,
         runtime_modules=("torch", "megatron.core"),
         config_check="polyrl_engine_megatron.checks:check_config",
+        config_sections=CONFIG_SECTIONS,
     )

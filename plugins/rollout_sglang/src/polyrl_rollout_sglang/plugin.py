@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import RolloutEngineSpec, hookimpl
+from polyrl_rollout_sglang.settings import CONFIG_SECTIONS
 
 
 @hookimpl
@@ -26,4 +27,5 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         runtime_modules=("sglang",),
         # SGLang-specific rules of the run config (dtype, tensor parallelism, weight buckets)
         config_check="polyrl_rollout_sglang.checks:check_config",
+        config_sections=CONFIG_SECTIONS,
     )

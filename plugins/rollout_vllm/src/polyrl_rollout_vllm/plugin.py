@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import RolloutEngineSpec, hookimpl
+from polyrl_rollout_vllm.settings import CONFIG_SECTIONS
 
 
 @hookimpl
@@ -27,4 +28,5 @@ def polyrl_rollout_engines() -> Iterator[RolloutEngineSpec]:
         runtime_modules=("vllm",),
         # vLLM-specific rules of the run config (dtype, tensor parallelism), for `polyrl validate`
         config_check="polyrl_rollout_vllm.checks:check_config",
+        config_sections=CONFIG_SECTIONS,
     )

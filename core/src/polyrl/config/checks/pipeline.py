@@ -138,9 +138,9 @@ def _check_keys_of_other_algorithms(checker: Checker, algorithm: Registration) -
     changed from its default, would be silently ignored by the selected one."""
     from omegaconf import OmegaConf
 
-    from polyrl.config.schema import PolyrlConfig
+    from polyrl.config.sections import schema_config
 
-    defaults = OmegaConf.structured(PolyrlConfig)
+    defaults = schema_config(checker.registry)
     for other in checker.registry.all(PluginKind.ALGORITHM):
         if other.name == algorithm.name or other.spec.pipeline == algorithm.spec.pipeline:
             continue

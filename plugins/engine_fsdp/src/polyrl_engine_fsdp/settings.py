@@ -1,0 +1,59 @@
+"""The FSDP engine's config sections, at verl's places: ``fsdp_config`` of the actor, the
+reference and the critic's model, and ``use_liger`` of the model (mounted into the schema by
+:mod:`polyrl.config.sections`).
+
+Light on purpose (no torch): every composed config imports it. The reference's and the critic's
+settings default to the actor's, key by key, as in verl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+MODEL = "actor_rollout_ref.model"
+ACTOR_FSDP = "actor_rollout_ref.actor.fsdp_config"
+REF_FSDP = "actor_rollout_ref.ref.fsdp_config"
+CRITIC_FSDP = "critic.model.fsdp_config"
+
+
+@dataclass
+class FSDPSettings:
+    """How FSDP2 shards one role's model.
+
+    ``mixed_precision``: fp32 master weights, bf16 compute. ``fsdp_size`` > 0 and below the
+    world size asks for hybrid sharding (refused by the engine's checks). ``accumulate_unsharded``:
+    within one optimizer step keep each layer's full weights gathered and its gradients unsharded
+    in fp32, reduce-scattered once after the last micro-batch instead of after each; true /
+    false, or auto: on CUDA when the full bf16 weights and fp32 gradients take at most a tenth
+    of the GPU's memory.
+    """
+
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    mixed_precision: bool = True
+    fsdp_size: int = -1
+    accumulate_unsharded: Any = "auto"
+
+
+@dataclass
+class FSDPModelSettings:
+    """The FSDP engine's keys of ``actor_rollout_ref.model``. ``use_liger``: Liger-Kernel's
+    RoPE/RMSNorm/SwiGLU, on CUDA with ``polyrl-engine-fsdp[cuda]``."""
+
+    use_liger: bool = True
+
+
+def _following_actor() -> FSDPSettings:
+    values: dict[str, Any] = {f.name: f"${{{ACTOR_FSDP}.{f.name}}}" for f in fields(FSDPSettings)}
+    return FSDPSettings(**values)
+
+
+FOLLOWING_ACTOR = _following_actor()
+CONFIG_SECTIONS = {
+    MODEL: FSDPModelSettings,
+    ACTOR_FSDP: FSDPSettings,
+    REF_FSDP: FOLLOWING_ACTOR,
+    CRITIC_FSDP: FOLLOWING_ACTOR,
+}
