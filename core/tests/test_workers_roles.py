@@ -231,7 +231,12 @@ def test_update_follows_the_plan_and_passes_every_key(engines):
     assert [s["rows"] for s in steps] == [[2, 0], [1, 3], [3, 1], [0, 2]]
     assert "custom_key" in steps[0]["keys"]  # no whitelist: the batch holds what the loss needs
     # no process group: this rank is the world; row 0 has 2 tokens, the others 3
-    assert steps[0]["loss_norm"] == {"num_seqs": 2.0, "num_tokens": 5.0, "max_len": 256}
+    assert steps[0]["loss_norm"] == {
+        "num_seqs": 2.0,
+        "num_tokens": 5.0,
+        "max_len": 256,
+        "dp_size": 1,  # token-sum's scale (no gradient average over one rank)
+    }
     assert steps[1]["loss_norm"]["num_tokens"] == 6.0
     assert metrics["actor/step"] == 2.5
     assert set(metrics) == {"actor/pg_loss", "actor/step"}

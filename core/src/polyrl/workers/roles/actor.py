@@ -110,6 +110,8 @@ def global_loss_norm(ctx: RoleContext, response_mask: torch.Tensor) -> dict[str,
 
     Tensor-parallel peers hold the same rows, so the sum over all ranks counts each row
     ``tp`` times; divided by ``tp x dp`` ranks it is still the global total over ``dp``.
+    ``dp_size`` (the role's data-parallel size) scales ``token-sum``, which has no denominator
+    to cancel the gradient average.
     """
     from polyrl.algorithms.loss_agg import loss_norm_totals
 
@@ -124,10 +126,12 @@ def global_loss_norm(ctx: RoleContext, response_mask: torch.Tensor) -> dict[str,
         dist.all_reduce(counts)  # NCCL reduces CUDA tensors only: counts live on the device
         ranks = dist.get_world_size()
     counts = (counts / ranks).clamp(min=1.0 / ranks).cpu()
+    role = ctx.peers.get(ctx.role)
     return {
         "num_seqs": float(counts[0]),
         "num_tokens": float(counts[1]),
         "max_len": totals["max_len"],
+        "dp_size": role.data_parallel_rank().dp_size if role is not None else ranks,
     }
 
 
