@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     args = parser.parse_args()
 
-    from polyrl_engine_fsdp.launch import run_on_ranks
+    from polyrl_engine_kit.launch import run_on_ranks
 
     with tempfile.TemporaryDirectory(prefix="bench_fsdp_") as folder:
         start = time.perf_counter()

@@ -20,7 +20,12 @@ pip=("$py" -m pip --disable-pip-version-check --quiet)
 # quickstart of `make train` generates reasoning-gym data and converts the SmolLM2 GGUF;
 # `make test` covers every scorer and logger.
 specs=(-e "core[test,tasks,tensorboard]")
+# The engines' shared toolkit first, before the engines that depend on it.
+pyprojects=(plugins/engine_kit/pyproject.toml)
 for pyproject in plugins/*/pyproject.toml; do
+    [ "$pyproject" = "${pyprojects[0]}" ] || pyprojects+=("$pyproject")
+done
+for pyproject in "${pyprojects[@]}"; do
     dir=$(dirname "$pyproject")
     extras=$("$py" - "$pyproject" <<'PY'
 import sys, tomllib

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from polyrl.batch import Batch
-from polyrl_engine_fsdp.launch import run_on_ranks
-from polyrl_engine_fsdp.testing import composed_context, ragged_batch
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.testing import composed_context, ragged_batch
 
 # Located, not imported: collecting this file must not load DeepSpeed into the test process.
 pytestmark = pytest.mark.skipif(

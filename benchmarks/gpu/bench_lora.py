@@ -48,7 +48,7 @@ DEFAULT_SHAPES = ("qwen2-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwe
 
 
 def engine_context(args: argparse.Namespace, model_dir: str, mode: str, role: str) -> Any:
-    from polyrl_engine_fsdp.testing import composed_context
+    from polyrl_engine_kit.testing import composed_context
 
     lora = {"lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank} if mode == "lora" else {}
     return composed_context(
@@ -121,7 +121,7 @@ def _measure(rank: int, world: int, args: argparse.Namespace, model_dir: str, mo
 
 def _run(args: argparse.Namespace, model_dir: str, mode: str) -> dict:
     """``_measure`` in a fresh process; ``{"oom": True}`` when it ran out of memory."""
-    from polyrl_engine_fsdp.launch import run_on_ranks
+    from polyrl_engine_kit.launch import run_on_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     try:

@@ -31,7 +31,7 @@ from polyrl.models.shapes import SHAPES, build_random_model
 
 
 def _context(args: argparse.Namespace, model_dir: str, packed: bool) -> Any:
-    from polyrl_engine_fsdp.testing import composed_context
+    from polyrl_engine_kit.testing import composed_context
 
     return composed_context(
         model_dir,
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--rows-shown", type=int, default=25)
     args = parser.parse_args()
 
-    from polyrl_engine_fsdp.launch import run_on_ranks
+    from polyrl_engine_kit.launch import run_on_ranks
 
     with tempfile.TemporaryDirectory(prefix="polyrl_mcore_profile_") as tmp:
         model_dir = str(Path(tmp) / args.shape)

@@ -181,7 +181,7 @@ def _profile(rank: int, world: int, args: argparse.Namespace, model_dir: str) ->
 
 
 def main() -> None:
-    from polyrl_engine_fsdp.launch import run_on_ranks
+    from polyrl_engine_kit.launch import run_on_ranks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")

@@ -1,7 +1,7 @@
 """Engine contexts for the DeepSpeed engine's tests, built as a run builds them.
 
 The engine reads ``plugins.deepspeed`` from the run config its ``model`` node belongs to, so a
-test composes a whole config (:func:`polyrl_engine_fsdp.testing.composed_context`) with the
+test composes a whole config (:func:`polyrl_engine_kit.testing.composed_context`) with the
 ``plugins.deepspeed`` section it wants.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.interfaces.training_engine import EngineContext
-from polyrl_engine_fsdp.testing import composed_context
+from polyrl_engine_kit.testing import composed_context
 
 
 def ds_context(

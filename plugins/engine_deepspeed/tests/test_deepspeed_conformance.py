@@ -11,7 +11,7 @@ from ds_context import ds_context
 
 from polyrl.models.tiny import TOKENIZER_VOCAB_SIZE
 from polyrl.testing.conformance import TrainingEngineConformance
-from polyrl_engine_fsdp.testing import tiny_model
+from polyrl_engine_kit.testing import tiny_model
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,8 +13,8 @@ from ds_context import ds_context
 
 from polyrl.batch import Batch
 from polyrl.models.tiny import build_tiny_model
-from polyrl_engine_fsdp.launch import run_on_ranks
-from polyrl_engine_fsdp.testing import ragged_batch
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.testing import ragged_batch
 
 WORLD = 2
 PROMPT_W, RESP_W = 5, 6

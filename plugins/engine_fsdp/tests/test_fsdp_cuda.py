@@ -17,7 +17,7 @@ from test_fsdp_engine import (
 )
 
 from polyrl.batch import Batch
-from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_kit.launch import run_on_ranks
 
 pytestmark = [
     pytest.mark.gpu,

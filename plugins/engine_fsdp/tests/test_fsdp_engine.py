@@ -1,6 +1,6 @@
 """The FSDP2 engine on 2 CPU ranks over gloo, checked against plain single-process transformers.
 
-Each ``_scenario_*`` runs inside the spawned ranks (see ``polyrl_engine_fsdp.launch``) and returns
+Each ``_scenario_*`` runs inside the spawned ranks (see ``polyrl_engine_kit.launch``) and returns
 plain tensors; the tests compare them with references computed here, in the parent process.
 Scenarios are module-scoped fixtures so one spawn serves several tests (the machine has 2 cores).
 """
@@ -16,7 +16,7 @@ from fsdp_tiny_model import build_tiny_model, make_batch
 
 from polyrl.batch import Batch
 from polyrl.interfaces.training_engine import EngineContext
-from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_kit.launch import run_on_ranks
 
 torch.set_num_threads(1)
 WORLD = 2

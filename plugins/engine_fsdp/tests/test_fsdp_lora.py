@@ -17,8 +17,8 @@ from fsdp_tiny_model import build_tiny_model, make_batch
 from safetensors.torch import load_file
 
 from polyrl.batch import Batch
-from polyrl_engine_fsdp.launch import run_on_ranks
-from polyrl_engine_fsdp.testing import composed_context
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.testing import composed_context
 
 torch.set_num_threads(1)
 WORLD = 2
@@ -210,8 +210,8 @@ def test_target_modules_that_select_no_linear_layer_are_one_line(tmp_path, targe
     from transformers import AutoModelForCausalLM
 
     from polyrl.errors import ConfigError
-    from polyrl_engine_fsdp.config import LoraSettings
     from polyrl_engine_fsdp.lora import apply_lora
+    from polyrl_engine_kit.config import LoraSettings
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(str(tmp_path / "m")))
     settings = LoraSettings(RANK, ALPHA, tuple(targets), 0.0, export_merged=False)

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from polyrl.errors import ConfigError
-from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.launch import run_on_ranks
-from polyrl_engine_fsdp.testing import (
+from polyrl_engine_kit.config import resolve_settings
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.testing import (
     composed_context,
     ragged_batch,
     record_stepped_gradients,
@@ -160,7 +160,7 @@ def _compiled_engine_run(
     compiled layer."""
     from torch._dynamo.backends.debugging import aot_eager
 
-    from polyrl_engine_fsdp import fast_paths
+    from polyrl_engine_kit import fast_paths
 
     graphs: list[int] = []
     checkpoints: list[str] = []

@@ -10,7 +10,7 @@ from fsdp_tiny_model import build_tiny_model, make_batch
 
 from polyrl.batch import Batch
 from polyrl.interfaces.training_engine import EngineContext, ModelHead
-from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_kit.launch import run_on_ranks
 
 torch.set_num_threads(1)
 WORLD = 2

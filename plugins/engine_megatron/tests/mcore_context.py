@@ -1,5 +1,5 @@
 """What the Megatron engine's tests share: engine contexts built as a run builds them (a whole
-config composed from the schema, :func:`polyrl_engine_fsdp.testing.composed_context`, with
+config composed from the schema, :func:`polyrl_engine_kit.testing.composed_context`, with
 ``strategy=megatron`` and the tensor- and pipeline-parallel sizes, on CUDA), and megatron-core's
 parallel state for the CPU tests that build its modules."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from polyrl.interfaces.training_engine import EngineContext
-from polyrl_engine_fsdp.testing import composed_context
+from polyrl_engine_kit.testing import composed_context
 
 
 def megatron_context(

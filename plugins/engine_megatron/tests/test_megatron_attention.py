@@ -14,7 +14,7 @@ import pytest
 import torch
 from mcore_context import one_rank_model_parallel  # noqa: F401 (a fixture)
 
-from polyrl_engine_fsdp.packing import pack_rows
+from polyrl_engine_kit.packing import pack_rows
 from polyrl_engine_megatron.attention import (
     attention_mask,
     packed_layout,

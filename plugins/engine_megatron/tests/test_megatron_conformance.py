@@ -12,7 +12,7 @@ from mcore_context import megatron_context
 
 from polyrl.models.tiny import TOKENIZER_VOCAB_SIZE
 from polyrl.testing.conformance import TrainingEngineConformance
-from polyrl_engine_fsdp.testing import tiny_model
+from polyrl_engine_kit.testing import tiny_model
 
 
 @pytest.fixture(scope="module", autouse=True)

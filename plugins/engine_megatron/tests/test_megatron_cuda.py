@@ -16,7 +16,7 @@ from mcore_context import megatron_context
 
 from polyrl.batch import Batch
 from polyrl.models.tiny import build_tiny_model
-from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_kit.launch import run_on_ranks
 
 pytestmark = [
     pytest.mark.gpu,

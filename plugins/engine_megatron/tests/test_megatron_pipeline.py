@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from polyrl_engine_fsdp.launch import run_on_ranks
+from polyrl_engine_kit.launch import run_on_ranks
 from polyrl_engine_megatron.convert import pipeline_stages
 from polyrl_engine_megatron.pipeline import StageWeights
 

@@ -10,8 +10,8 @@ from importlib.util import find_spec
 import pytest
 import torch
 
-from polyrl_engine_fsdp.launch import run_on_ranks
-from polyrl_engine_fsdp.logprob import EntropyMode
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.logprob import EntropyMode
 
 # Located, not imported: collecting this file must not load megatron into the test process.
 pytestmark = pytest.mark.skipif(
@@ -97,7 +97,7 @@ def _linear_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _fused_scenario(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
-    from polyrl_engine_fsdp import fused_logprob
+    from polyrl_engine_kit import fused_logprob
     from polyrl_engine_megatron import vocab_parallel
 
     # three tokens per chunk on each rank: the statistics and gradient span chunks

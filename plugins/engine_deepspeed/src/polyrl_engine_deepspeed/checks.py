@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from polyrl_engine_deepspeed.settings import SECTION, DeepSpeedSettings, settings_problems
-from polyrl_engine_fsdp.checks import DTYPES, actor_ref_problems, dtype_name
+from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -31,7 +31,9 @@ def dtype_problem(model: Any) -> str | None:
 
 def fsdp_keys_problems(node: Any, prefix: str) -> list[str]:
     """verl's FSDP offload switches do nothing under DeepSpeed: say where its own ones are."""
-    fsdp = node.fsdp_config
+    fsdp = OmegaConf.select(node, "fsdp_config")
+    if fsdp is None:  # the FSDP engine is not installed: nothing of it to be set
+        return []
     return [
         f"{prefix}.fsdp_config.{key}=true configures the FSDP engine, not strategy=deepspeed; "
         f"use plugins.{SECTION}.{target}=true instead"

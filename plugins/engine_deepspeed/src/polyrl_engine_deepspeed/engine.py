@@ -7,7 +7,7 @@ scoring of response-only logits, torch's AdamW and polyrl's LR schedule, a step 
 non-finite grad norm skipped. DeepSpeed partitions optimizer state (ZeRO-1), gradients
 (ZeRO-2) and parameters (ZeRO-3), offloads to CPU when asked, and keeps fp32 master weights
 under bf16/fp16. Its own settings are ``plugins.deepspeed.*`` (:mod:`.settings`). It takes the
-FSDP engine's speed paths (:mod:`polyrl_engine_fsdp.fast_paths`: padding-free packing, log-probs
+FSDP engine's speed paths (:mod:`polyrl_engine_kit.fast_paths`: padding-free packing, log-probs
 without full-vocabulary logits, decoder layers compiled on CUDA), all but packing off under
 ZeRO-3, whose partitioned parameters they would read outside their modules.
 """
@@ -30,27 +30,27 @@ from polyrl.api import Batch, EngineContext, MicroBatchLossFn, ModelHead, Traini
 from polyrl_engine_deepspeed import checkpoint as ds_ckpt
 from polyrl_engine_deepspeed.ds_config import deepspeed_config
 from polyrl_engine_deepspeed.settings import deepspeed_settings
-from polyrl_engine_fsdp import fast_paths
-from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
-from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.errors import EngineUsageError
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
-from polyrl_engine_fsdp.modeling import load_hf_model, torch_dtype
-from polyrl_engine_fsdp.runtime import (
+from polyrl_engine_kit import fast_paths
+from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
+from polyrl_engine_kit.config import resolve_settings
+from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
+from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
+from polyrl_engine_kit.runtime import (
     default_backend,
     join_default_group,
     resolve_device,
     seed_everything,
 )
-from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
-from polyrl_engine_fsdp.scoring import (
+from polyrl_engine_kit.schedule import advance_schedule, build_adamw, build_scheduler
+from polyrl_engine_kit.scoring import (
     MODEL_KEYS,
     accepts_logits_to_keep,
     check_batch,
     dummy_logits,
 )
-from polyrl_engine_fsdp.training import (
+from polyrl_engine_kit.training import (
     EntropyMean,
     StepPeakMemory,
     accumulate,

@@ -38,29 +38,29 @@ from polyrl.api import (
     TrainingEngine,
 )
 from polyrl_engine_fsdp import checkpoint as ckpt
-from polyrl_engine_fsdp import fast_paths
-from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.errors import EngineUsageError
-from polyrl_engine_fsdp.logprob import EntropyMode
 from polyrl_engine_fsdp.lora import adapter_names, apply_lora, merge_stream, saved_name
-from polyrl_engine_fsdp.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_fsdp.modeling import (
     StepGathering,
     accumulates_unsharded,
-    load_hf_model,
     reshard_all,
     shard_model,
-    torch_dtype,
 )
-from polyrl_engine_fsdp.packed_scoring import packed_values
-from polyrl_engine_fsdp.runtime import (
+from polyrl_engine_kit import fast_paths
+from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
+from polyrl_engine_kit.config import resolve_settings
+from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
+from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
+from polyrl_engine_kit.packed_scoring import packed_values
+from polyrl_engine_kit.runtime import (
     default_backend,
     join_default_group,
     resolve_device,
     seed_everything,
 )
-from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
-from polyrl_engine_fsdp.scoring import (
+from polyrl_engine_kit.schedule import advance_schedule, build_adamw, build_scheduler
+from polyrl_engine_kit.scoring import (
     MODEL_KEYS,
     REQUIRED_KEYS,
     accepts_logits_to_keep,
@@ -69,7 +69,7 @@ from polyrl_engine_fsdp.scoring import (
     model_inputs,
     pad_to_response,
 )
-from polyrl_engine_fsdp.training import (
+from polyrl_engine_kit.training import (
     EntropyMean,
     MicroLoss,
     StepPeakMemory,
@@ -364,7 +364,7 @@ class FSDPEngine(TrainingEngine):
     def save_checkpoint(self, path: str) -> None:
         reshard_all(self.model)
         extra = {
-            **ckpt.loop_state(self.global_step, self.scheduler, self.device),
+            **loop_state(self.global_step, self.scheduler, self.device),
             "world_size": self.ctx.world_size,
         }
         ckpt.save_sharded(path, self.model, self.optimizer, extra, self._adapter_names())
@@ -372,7 +372,7 @@ class FSDPEngine(TrainingEngine):
     def load_checkpoint(self, path: str) -> None:
         reshard_all(self.model)
         extra = ckpt.load_sharded(path, self.model, self.optimizer, self._adapter_names())
-        self.global_step = ckpt.restore_loop_state(extra, self.scheduler, self.device)
+        self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
     def export_hf(self, path: str) -> None:
@@ -385,7 +385,7 @@ class FSDPEngine(TrainingEngine):
         reshard_all(self.model)
         state = ckpt.full_state_dict_on_rank0(self.model)
         dtype = torch_dtype(self.settings.dtype)
-        ckpt.export_on_rank0(path, state, self.hf_config, dtype, self.settings, self.ctx.model_path)
+        export_on_rank0(path, state, self.hf_config, dtype, self.settings, self.ctx.model_path)
         del state
         dist.barrier()
 
@@ -401,7 +401,7 @@ class FSDPEngine(TrainingEngine):
             merged = {name: t.cpu() for name, t in self.named_weights() if rank0}
             dtype = torch_dtype(self.settings.dtype)
             target = os.path.join(path, MERGED_FOLDER)
-            ckpt.export_on_rank0(
+            export_on_rank0(
                 target, merged, self.hf_config, dtype, self.settings, self.ctx.model_path
             )
             del merged

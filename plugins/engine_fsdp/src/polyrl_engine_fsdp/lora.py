@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from polyrl.api import ConfigError
-from polyrl_engine_fsdp.config import LoraSettings
+from polyrl_engine_kit.config import LoraSettings
 
 ADAPTER = "default"  # peft's name of the one adapter the engine trains
 PEFT_PREFIX = "base_model.model."

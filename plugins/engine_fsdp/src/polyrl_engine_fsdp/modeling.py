@@ -1,18 +1,16 @@
-"""Build the Hugging Face model and shard it with FSDP2 (``fully_shard``).
+"""Shard the Hugging Face model with FSDP2 (``fully_shard``).
 
 Each decoder layer (the model's ``_no_split_modules`` classes) becomes its own FSDP unit, so
 only one layer's full weights exist at a time; the root unit holds the rest: embeddings, final
 norm and ``lm_head``. Tied embeddings (``lm_head.weight is embed_tokens.weight``, as in SmolLM2
 and small Qwen2) stay one parameter because both modules live in the root unit.
 
-A value model (a critic) is ``AutoModelForTokenClassification`` with one label: loaded from a
-causal-LM checkpoint it takes the backbone's weights and gets a fresh linear ``score`` head (the
-checkpoint's ``lm_head`` is left out), which is how verl builds its critic.
+Loading the model is shared by the engines (:mod:`polyrl_engine_kit.modeling`); its names are
+still found here, with a deprecation warning.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -21,75 +19,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from polyrl.api import ConfigError, ModelHead
-from polyrl_engine_fsdp.config import EngineSettings
+from polyrl_engine_kit import modeling as kit_modeling
+from polyrl_engine_kit.config import EngineSettings
+from polyrl_engine_kit.moved import moved_names
 
-_CONFIG_KWARGS = ("attn_implementation",)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-
-
-def load_hf_config(model_path: str, settings: EngineSettings) -> Any:
-    """The model's config with ``override_config`` applied (keys set as attributes)."""
-    from transformers import AutoConfig
-
-    if not os.path.isdir(model_path):
-        raise ConfigError(
-            f"actor_rollout_ref.model.path={model_path!r} is not a local folder; the FSDP engine "
-            f"loads a Hugging Face folder (polyrl resolves hub ids and .gguf files before this)"
-        )
-    config = AutoConfig.from_pretrained(model_path, trust_remote_code=settings.trust_remote_code)
-    for key, value in settings.override_config.items():
-        if key in _CONFIG_KWARGS:
-            continue
-        setattr(config, key, value)
-    config.use_cache = False
-    return config
-
-
-def load_hf_model(
-    model_path: str,
-    settings: EngineSettings,
-    device: torch.device,
-    head: ModelHead = ModelHead.CAUSAL_LM,
-) -> nn.Module:
-    """The model with ``head`` in float32 (the master weights) on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-
-    config = load_hf_config(model_path, settings)
-    kwargs: dict[str, Any] = {}
-    for key in _CONFIG_KWARGS:
-        if key in settings.override_config:
-            kwargs[key] = settings.override_config[key]
-    auto_class: Any = AutoModelForCausalLM
-    if head is ModelHead.VALUE:
-        auto_class = AutoModelForTokenClassification
-        config.num_labels = 1
-        config.classifier_dropout = 0.0  # values are regressed: no noise on the head's input
-    model = auto_class.from_pretrained(
-        model_path,
-        config=config,
-        dtype=torch.float32,
-        trust_remote_code=settings.trust_remote_code,
-        **kwargs,
-    )
-    if settings.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device)
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one, found through ``_no_split_modules``."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ConfigError(
-            f"cannot find the decoder layers of {type(model).__name__} (its _no_split_modules "
-            f"is {sorted(names)}); the FSDP engine shards Hugging Face causal LMs that declare them"
-        )
-    return layers
+__getattr__ = moved_names(
+    __name__,
+    "polyrl_engine_kit.modeling",
+    {"torch_dtype", "load_hf_config", "load_hf_model", "decoder_layers"},
+)
 
 
 def shard_model(
@@ -98,12 +36,12 @@ def shard_model(
     """Apply ``fully_shard`` to every decoder layer, then to the root."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
-    compute = torch_dtype(settings.dtype)
+    compute = kit_modeling.torch_dtype(settings.dtype)
     if settings.mixed_precision and compute != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     if settings.param_offload and device.type == "cuda":
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for layer in decoder_layers(model):
+    for layer in kit_modeling.decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model, mesh
@@ -133,7 +71,8 @@ def accumulates_unsharded(model: nn.Module, settings: EngineSettings, device: to
         return settings.accumulate_unsharded
     if device.type != "cuda":
         return False
-    weight_bytes = torch_dtype(settings.dtype).itemsize if settings.mixed_precision else 4
+    compute = kit_modeling.torch_dtype(settings.dtype)
+    weight_bytes = compute.itemsize if settings.mixed_precision else 4
     params = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     needed = weight_bytes * params + 4 * trained

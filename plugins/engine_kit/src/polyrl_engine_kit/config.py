@@ -6,7 +6,7 @@ The engine receives config nodes (see :class:`polyrl.interfaces.EngineContext`):
 over it). Keys are read as attributes; every default comes from :mod:`polyrl.config.schema`
 (a plain or partial dict is first merged over the schema's node by
 :func:`polyrl.config.nodes.schema_node`). A wrong value is reported with the full config key
-that holds it (the same lines as ``polyrl validate``, from :mod:`polyrl_engine_fsdp.checks`).
+that holds it (the same lines as ``polyrl validate``, from :mod:`polyrl_engine_kit.checks`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from polyrl.api import ConfigError, lora_rank, schema_node, target_modules
-from polyrl_engine_fsdp.checks import (
+from polyrl_engine_kit.checks import (
     AUTO_SWITCH,
     DTYPES,
     dtype_name,

@@ -16,18 +16,18 @@ from typing import Any
 import torch
 
 from polyrl.api import Batch, ModelHead
-from polyrl_engine_fsdp.compiling import compile_decoder_layers
-from polyrl_engine_fsdp.config import EngineSettings
-from polyrl_engine_fsdp.liger import apply_liger
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.modeling import decoder_layers
-from polyrl_engine_fsdp.packed_attention import use_packed_attention
-from polyrl_engine_fsdp.packed_scoring import (
+from polyrl_engine_kit.compiling import compile_decoder_layers
+from polyrl_engine_kit.config import EngineSettings
+from polyrl_engine_kit.liger import apply_liger
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.modeling import decoder_layers
+from polyrl_engine_kit.packed_attention import use_packed_attention
+from polyrl_engine_kit.packed_scoring import (
     install_fused_forward,
     packed_log_probs,
     supports_fused,
 )
-from polyrl_engine_fsdp.scoring import response_log_probs
+from polyrl_engine_kit.scoring import response_log_probs
 
 log = logging.getLogger(__name__)
 

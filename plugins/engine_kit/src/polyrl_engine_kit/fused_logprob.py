@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from polyrl_engine_fsdp.compiling import compiled_on_cuda
-from polyrl_engine_fsdp.logprob import check_temperature
+from polyrl_engine_kit.compiling import compiled_on_cuda
+from polyrl_engine_kit.logprob import check_temperature
 
 # Float32 elements per chunk of the softmax statistics: 2**26 floats = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 26

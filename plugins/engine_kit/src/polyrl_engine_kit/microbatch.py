@@ -22,7 +22,7 @@ from polyrl.api import ConfigError
 
 if TYPE_CHECKING:
     from polyrl.api import Batch
-    from polyrl_engine_fsdp.config import EngineSettings
+    from polyrl_engine_kit.config import EngineSettings
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from polyrl.api import Batch
-from polyrl_engine_fsdp.fused_logprob import linear_log_prob
-from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
-from polyrl_engine_fsdp.packing import PackedRows, pack_rows, unpack
+from polyrl_engine_kit.fused_logprob import linear_log_prob
+from polyrl_engine_kit.logprob import EntropyMode, token_logprob_entropy
+from polyrl_engine_kit.packing import PackedRows, pack_rows, unpack
 
 FUSED_METHOD = "polyrl_fused_log_probs"
 

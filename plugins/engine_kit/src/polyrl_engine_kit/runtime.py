@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api import EngineContext
-from polyrl_engine_fsdp.errors import EngineUsageError
+from polyrl_engine_kit.errors import EngineUsageError
 
 
 def resolve_device(name: str, engine: str) -> torch.device:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from polyrl_engine_fsdp.config import OptimSettings
+from polyrl_engine_kit.config import OptimSettings
 
 
 def lr_factor(step: int, settings: OptimSettings) -> float:

@@ -3,7 +3,7 @@
 Rows are ``[left-padded prompt | right-padded response]``. A micro-batch keeps only the columns
 that hold a real token in one of its rows, the model computes logits only at the response
 positions (``logits_to_keep``), and those are scored in float32 with
-:func:`~polyrl_engine_fsdp.logprob.token_logprob_entropy`, so that every engine built on these
+:func:`~polyrl_engine_kit.logprob.token_logprob_entropy`, so that every engine built on these
 helpers gives the same numbers for the same weights. Nothing here depends on how the model is
 sharded: ``model`` is anything whose call runs the HF forward (an FSDP module, a DeepSpeed
 engine); the Megatron engine, whose forward differs, uses the inputs and the padding helpers.
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from polyrl.api import Batch
-from polyrl_engine_fsdp.errors import BatchLayoutError
-from polyrl_engine_fsdp.logprob import EntropyMode, token_logprob_entropy
-from polyrl_engine_fsdp.microbatch import TrimmedInputs, trim_columns
+from polyrl_engine_kit.errors import BatchLayoutError
+from polyrl_engine_kit.logprob import EntropyMode, token_logprob_entropy
+from polyrl_engine_kit.microbatch import TrimmedInputs, trim_columns
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")

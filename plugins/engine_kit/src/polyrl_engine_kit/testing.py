@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from polyrl.api import Batch, EngineContext
-from polyrl.api.testing import PolyrlConfig, build_tiny_model
+from polyrl.api.testing import build_tiny_model, schema_config
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def composed_context(
     }
     if plugins is not None:
         overrides["plugins"] = plugins
-    cfg = OmegaConf.merge(OmegaConf.structured(PolyrlConfig), overrides)
+    cfg = OmegaConf.merge(schema_config(), overrides)
     return EngineContext(
         role=role,
         model_path=model_path,

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from polyrl.api import Batch, MicroBatchLossFn, needs_entropy_grad
-from polyrl_engine_fsdp.errors import EngineUsageError
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.scoring import response_mask
+from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.scoring import response_mask
 
 # A micro-batch's loss and metrics, computed from its forward pass (the head decides which).
 MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]

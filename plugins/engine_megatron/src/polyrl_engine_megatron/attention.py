@@ -21,7 +21,7 @@ of every query through a zero weight, so the engine lets each position attend to
 
 A packed row (padding-free, the micro-batch's real tokens end to end) needs no mask: the
 sequences' boundaries go to torch's variable-length flash attention, which skips every
-cross-sequence block (:func:`polyrl_engine_fsdp.packed_attention.causal_packed_attention`).
+cross-sequence block (:func:`polyrl_engine_kit.packed_attention.causal_packed_attention`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from polyrl_engine_fsdp.packed_attention import causal_packed_attention
-from polyrl_engine_fsdp.packing import PackedRows
+from polyrl_engine_kit.packed_attention import causal_packed_attention
+from polyrl_engine_kit.packing import PackedRows
 
 
 def attention_mask(padding: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api import load_plain
-from polyrl_engine_fsdp.checkpoint import CheckpointError
+from polyrl_engine_kit.checkpoint import CheckpointError
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 

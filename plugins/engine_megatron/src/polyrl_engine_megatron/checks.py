@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.api import role_world
-from polyrl_engine_fsdp.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
+from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"

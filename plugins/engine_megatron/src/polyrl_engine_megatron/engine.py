@@ -36,16 +36,16 @@ from polyrl.api import (
     TrainingEngine,
     schema_node,
 )
-from polyrl_engine_fsdp.checkpoint import export_on_rank0, loop_state, restore_loop_state
-from polyrl_engine_fsdp.config import resolve_settings
-from polyrl_engine_fsdp.errors import EngineUsageError
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.microbatch import plan_micro_batches
-from polyrl_engine_fsdp.modeling import load_hf_config, torch_dtype
-from polyrl_engine_fsdp.runtime import join_default_group, seed_everything
-from polyrl_engine_fsdp.schedule import advance_schedule, build_adamw, build_scheduler
-from polyrl_engine_fsdp.scoring import MODEL_KEYS
-from polyrl_engine_fsdp.training import (
+from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
+from polyrl_engine_kit.config import resolve_settings
+from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.microbatch import plan_micro_batches
+from polyrl_engine_kit.modeling import load_hf_config, torch_dtype
+from polyrl_engine_kit.runtime import join_default_group, seed_everything
+from polyrl_engine_kit.schedule import advance_schedule, build_adamw, build_scheduler
+from polyrl_engine_kit.scoring import MODEL_KEYS
+from polyrl_engine_kit.training import (
     EntropyMean,
     StepPeakMemory,
     entropy_mode,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from polyrl.api import ConfigError
-from polyrl_engine_fsdp.compiling import recomputed_in_backward
+from polyrl_engine_kit.compiling import recomputed_in_backward
 from polyrl_engine_megatron.attention import sdpa_core_attention
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
 

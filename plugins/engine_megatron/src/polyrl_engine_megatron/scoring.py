@@ -11,7 +11,7 @@ The last stage scores only the positions that predict a response token (megatron
 ``actor_rollout_ref.model.use_fused_kernels`` on a packed row, the log-probs and entropy come
 from the hidden states and the output embedding without a float32 ``[tokens, vocab]`` tensor
 (bf16 logits, float32 statistics a chunk at a time): on one tensor-parallel rank through the
-FSDP engine's :func:`~polyrl_engine_fsdp.fused_logprob.linear_log_prob` (its statistics
+FSDP engine's :func:`~polyrl_engine_kit.fused_logprob.linear_log_prob` (its statistics
 compiled), with the vocabulary split through
 :func:`~.vocab_parallel.vocab_parallel_linear_log_prob`. Otherwise the output layer writes this
 rank's vocabulary slice of the logits and :mod:`.vocab_parallel` scores them. The hook returns
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from polyrl.api import Batch
-from polyrl_engine_fsdp.fused_logprob import linear_log_prob
-from polyrl_engine_fsdp.logprob import EntropyMode
-from polyrl_engine_fsdp.packing import pack_rows, unpack
-from polyrl_engine_fsdp.scoring import model_inputs, pad_to_response
+from polyrl_engine_kit.fused_logprob import linear_log_prob
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.packing import pack_rows, unpack
+from polyrl_engine_kit.scoring import model_inputs, pad_to_response
 from polyrl_engine_megatron.attention import attention_mask, packed_layout, padded_layout
 from polyrl_engine_megatron.convert import GPTShape
 from polyrl_engine_megatron.vocab_parallel import (

@@ -4,7 +4,7 @@ Two ways in: :func:`vocab_parallel_logprob_entropy` scores logits the output lay
 statistics over this rank's ``[b, r, V/tp]`` slice, saved for backward by autograd), and
 :func:`vocab_parallel_linear_log_prob` starts from the final hidden states and this rank's rows of
 the output embedding, keeping the logits in the compute dtype and the float32 statistics to one
-chunk of tokens at a time (the fused path of :mod:`polyrl_engine_fsdp.fused_logprob`, with the
+chunk of tokens at a time (the fused path of :mod:`polyrl_engine_kit.fused_logprob`, with the
 vocabulary split).
 
 Each rank holds logits ``[b, r, V/tp]`` for its slice of the vocabulary; no rank ever builds the
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from polyrl_engine_fsdp.fused_logprob import token_chunks
-from polyrl_engine_fsdp.logprob import EntropyMode, check_temperature
+from polyrl_engine_kit.fused_logprob import token_chunks
+from polyrl_engine_kit.logprob import EntropyMode, check_temperature
 
 
 def _reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:

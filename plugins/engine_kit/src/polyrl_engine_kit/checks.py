@@ -1,0 +1,151 @@
+"""Rules for the engine keys that every engine reads from verl's ``actor_rollout_ref`` nodes.
+
+Light on purpose (no torch): the engines' ``config_check`` functions, which ``polyrl validate``
+imports, are built from them. :func:`node_problems` is shared with
+:func:`polyrl_engine_kit.config.resolve_settings`, which raises the same lines at run time for
+an engine built outside a validated run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyrl.api import lora_problems
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+CRITIC = "critic"
+
+DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+LR_SCHEDULER_TYPES = ("constant", "cosine")
+# fsdp_config.accumulate_unsharded: its values (None: the engine decides from the model's size)
+AUTO_SWITCH = {"auto": None, True: True, False: False, "true": True, "false": False}
+
+
+def dtype_name(model: Any) -> str:
+    return str(model.dtype).lower().replace("torch.", "")
+
+
+def dtype_problem(model: Any) -> str | None:
+    name = dtype_name(model)
+    if name in DTYPES:
+        return None
+    return (
+        f"actor_rollout_ref.model.dtype={name!r} is not a dtype the engines know; "
+        f"use one of bfloat16, float16, float32"
+    )
+
+
+def scheduler_type(optim: Any) -> str:
+    """``optim.lr_scheduler_type``, or verl's older ``warmup_style`` when that is set."""
+    return str(optim.warmup_style if optim.warmup_style is not None else optim.lr_scheduler_type)
+
+
+def positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def batch_problems(node: Any, prefix: str, keys: tuple[str, ...]) -> list[str]:
+    """``keys`` of ``node`` that are not positive integers."""
+    return [
+        f"{prefix}.{key} must be a positive integer, got {getattr(node, key)!r}"
+        for key in keys
+        if not positive_int(getattr(node, key))
+    ]
+
+
+def optim_problems(optim: Any, prefix: str, *, core_checked: bool = False) -> list[str]:
+    """AdamW and the LR schedule. ``core_checked``: skip what ``polyrl validate`` checks for
+    every engine (lr, warm-up ratio, min_lr_ratio, the scheduler name)."""
+    problems = []
+    if not core_checked:
+        if float(optim.lr) < 0:
+            problems.append(f"{prefix}.optim.lr must be >= 0, got {optim.lr}")
+        if not 0.0 <= float(optim.lr_warmup_steps_ratio) <= 1.0:
+            problems.append(
+                f"{prefix}.optim.lr_warmup_steps_ratio must be in [0, 1], got "
+                f"{optim.lr_warmup_steps_ratio}"
+            )
+        if not 0.0 <= float(optim.min_lr_ratio) <= 1.0:
+            problems.append(
+                f"{prefix}.optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}"
+            )
+        style = scheduler_type(optim)
+        if style not in LR_SCHEDULER_TYPES:
+            key = "warmup_style" if optim.warmup_style is not None else "lr_scheduler_type"
+            problems.append(
+                f"{prefix}.optim.{key}={style!r} is unknown; use 'constant' or 'cosine'"
+            )
+    if len(list(optim.betas)) != 2:
+        problems.append(f"{prefix}.optim.betas must hold two numbers, got {list(optim.betas)}")
+    return problems
+
+
+def fsdp_size_problem(
+    fsdp: Any, prefix: str, world_size: int | None, where: str | None = None
+) -> str | None:
+    size = int(fsdp.fsdp_size)
+    if size <= 0 or world_size is None or size == world_size:
+        return None
+    detail = f" ({where})" if where else ""
+    return (
+        f"{prefix}.fsdp_config.fsdp_size={size} asks for hybrid sharding (HSDP), which "
+        f"the FSDP engine does not implement; leave it at -1 to shard over all "
+        f"{world_size} ranks{detail}"
+    )
+
+
+def switch_problem(fsdp: Any, prefix: str) -> str | None:
+    value = fsdp.accumulate_unsharded
+    if not (isinstance(value, bool | str) and value in AUTO_SWITCH):
+        key = f"{prefix}.fsdp_config.accumulate_unsharded"
+        return f"{key}={value!r} is not one of auto, true, false"
+    offload = bool(fsdp.param_offload) or bool(fsdp.optimizer_offload)
+    if AUTO_SWITCH[value] and offload:
+        return (
+            f"{prefix}.fsdp_config.accumulate_unsharded=true keeps full weights and gradients "
+            f"on the GPU, which CPU offload (param_offload / optimizer_offload) is there to "
+            f"avoid; set it to auto or false"
+        )
+    return None
+
+
+def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) -> list[str]:
+    """Everything :func:`~polyrl_engine_kit.config.resolve_settings` refuses, for the engine
+    node ``engine`` of one role (its keys named under ``prefix``)."""
+    problems = [p for p in [dtype_problem(model)] if p]
+    problems += batch_problems(
+        engine,
+        prefix,
+        (
+            "ppo_micro_batch_size_per_gpu",
+            "log_prob_micro_batch_size_per_gpu",
+            "ppo_max_token_len_per_gpu",
+            "log_prob_max_token_len_per_gpu",
+        ),
+    )
+    problems += optim_problems(engine.optim, prefix)
+    problems += lora_problems(model)
+    size = fsdp_size_problem(engine.fsdp_config, prefix, world_size)
+    switch = switch_problem(engine.fsdp_config, prefix)
+    return [*problems, *([size] if size else []), *([switch] if switch else [])]
+
+
+def actor_ref_problems(actor: Any, ref: Any) -> list[str]:
+    """The micro-batch keys of the actor and the reference, and the actor's AdamW, as every
+    engine reading verl's ``actor_rollout_ref`` keys checks them. The reference's keys default
+    to the actor's: a value it only inherits is reported once."""
+    log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+    problems = batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
+    own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
+    problems += batch_problems(ref, REF, own)
+    return problems + optim_problems(actor.optim, ACTOR, core_checked=True)
