@@ -376,6 +376,21 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "gspo": "polyrl-algo-grpo",
         "dpo": "polyrl-algo-dpo",
         "ipo": "polyrl-algo-dpo",
+        **dict.fromkeys(
+            (
+                "gpg",
+                "dro",
+                "cispo",
+                "dppo_tv",
+                "dppo_kl",
+                "sapo",
+                "geo_mean",
+                "clip_cov",
+                "kl_cov",
+                "bypass_mode",
+            ),
+            "polyrl-loss-zoo",
+        ),
     },
     PluginKind.REWARD_PROVIDER: {},
     PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
@@ -391,4 +406,16 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "dpo": "polyrl-algo-dpo",
     },
     PluginKind.DATA_SOURCE_SCORER: {"code": "polyrl-reward-code"},
+}
+
+# Config groups first-party plugins declare (their ``config_sections``), with the package: an
+# "unknown config key" below one of them says which package to install.
+FIRST_PARTY_SECTIONS: dict[str, str] = {
+    "actor_rollout_ref.actor.fsdp_config": "polyrl-engine-fsdp",
+    "actor_rollout_ref.ref.fsdp_config": "polyrl-engine-fsdp",
+    "critic.model.fsdp_config": "polyrl-engine-fsdp",
+    "actor_rollout_ref.actor.megatron": "polyrl-engine-megatron",
+    "critic": "polyrl-algo-ppo",
+    "algorithm.filter_groups": "polyrl-algo-grpo",
+    "reward_model.overlong_buffer": "polyrl-algo-grpo",
 }
