@@ -166,3 +166,36 @@ def test_verls_dapo_reward_manager_keys_mean_polyrls_overlong_buffer() -> None:
     )
     buffer = cfg.reward_model.overlong_buffer
     assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 4, 0.5)
+
+
+def test_validate_refuses_a_selected_plugins_broken_section_and_warns_for_others(
+    register_plugin, caplog
+) -> None:
+    from polyrl.config.validate import validate_config
+
+    register_plugin(_logger(config_sections={"trainer.broken": "no_such_module_xyz:Settings"}))
+    problems = validate_config(load_config([*TINY, "trainer.logger=[console,buffered]"]))
+    assert any("trainer.broken" in p for p in problems)
+    caplog.clear()
+    problems = validate_config(load_config(TINY))
+    assert not any("trainer.broken" in p for p in problems)
+    assert "trainer.broken" in caplog.text
+
+
+def test_a_key_of_an_uninstalled_first_party_plugin_names_the_package(monkeypatch) -> None:
+    from importlib import metadata
+
+    from polyrl.config.keys import unknown_key_message
+
+    real = metadata.distribution
+
+    def without_megatron(name: str):
+        if name == "polyrl-engine-megatron":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", without_megatron)
+    message = unknown_key_message(
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", set()
+    )
+    assert "pip install polyrl-engine-megatron" in message

@@ -100,7 +100,28 @@ def unknown_key_message(key: str, valid: set[str]) -> str:
         key, sorted(valid), n=1, cutoff=0.6
     )
     hint = f" Did you mean {close[0]!r}?" if close else ""
+    owner = _uninstalled_owner(key)
+    if owner:
+        return (
+            f"unknown config key {key!r}: it belongs to {owner}, which is not installed "
+            f"(pip install {owner})."
+        )
     return f"unknown config key {key!r}.{hint} Run `polyrl config` to see every key."
+
+
+def _uninstalled_owner(key: str) -> str | None:
+    """The first-party package that declares the group ``key`` lies in, when not installed."""
+    from importlib import metadata
+
+    from polyrl.specs import FIRST_PARTY_SECTIONS
+
+    for group, package in FIRST_PARTY_SECTIONS.items():
+        if key == group or key.startswith(group + "."):
+            try:
+                metadata.distribution(package)
+            except metadata.PackageNotFoundError:
+                return package
+    return None
 
 
 def hydra_error_to_config_error(exc: Exception) -> ConfigError:

@@ -12,6 +12,7 @@ a GPU job has started. A plugin's ``config_check`` is imported and run: it must 
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from polyrl.errors import PolyrlError
 from polyrl.registry import Registration
 from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, PluginKind, resolve_object
 
+log = logging.getLogger(__name__)
 DEVICES = ("cpu", "cuda")
 
 
@@ -87,6 +89,10 @@ def check_selection(checker: Checker) -> dict[str, Registration]:
     for kind in PluginKind:
         if kind is PluginKind.ALGORITHM:
             continue
+        if kind is PluginKind.DATA_SOURCE_SCORER:  # used when installed: the rows select them
+            for reg in checker.registry.all(kind):
+                selected[f"{kind.config_key}[{reg.name}]"] = reg
+            continue
         key = kind.config_key
         value = checker.get(key)
         if kind is PluginKind.LOGGER:
@@ -144,6 +150,16 @@ def check_capabilities(checker: Checker, selected: dict[str, Registration]) -> N
 
 # ---- plugin config sections --------------------------------------------------------------------
 def check_sections(checker: Checker, selected: dict[str, Registration]) -> None:
+    from polyrl.config.sections import section_problems
+
+    # A section that cannot be mounted stops the run only when its plugin is selected; for the
+    # others it is a warning (their keys are then unknown).
+    owners = {f"({reg.provenance.distribution})" for reg in selected.values()}
+    for problem in section_problems(checker.registry):
+        if any(owner in problem for owner in owners):
+            checker.add(problem)
+        else:
+            log.warning(problem)
     sections = checker.get("plugins")
     if not isinstance(sections, dict):
         return
