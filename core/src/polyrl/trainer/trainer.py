@@ -348,9 +348,9 @@ class RLTrainer:
                 metrics.update(pending)
                 pending = {}
                 loggers.log(metrics, step)
+                self._finished_steps = step
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)
-                self._finished_steps = step
         self._step_running = self.total_steps + 1  # the export
         hf_model = self._export()
         metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
