@@ -139,14 +139,13 @@ def test_the_built_in_scorers_run_in_the_sandbox_and_numpy_values_are_sent_as_js
     np = pytest.importorskip("numpy")
     sample = RewardSample(
         index=0,
-        data_source="code",
-        solution_str="```python\nprint(sum(map(int, input().split())))\n```",
-        ground_truth={"inputs": np.array(["1 2", "3 4"]), "outputs": np.array(["3", "8"])},
+        data_source="exact_match",
+        solution_str="<answer>8</answer>",
+        ground_truth=np.array(["3", "8"]),  # any of them
     )
     with RewardRunner(ScorerRef(), num_workers=1, timeout_s=30, sandbox=SandboxLimits()) as r:
         (result,) = r.score([sample])
-    assert result.error is None
-    assert (result.score, result.extra["passed"], result.extra["total"]) == (0.5, 1.0, 2.0)
+    assert (result.error, result.score) == (None, 1.0)
 
 
 def test_closing_a_sandboxed_runner_deletes_its_working_folders():
@@ -155,3 +154,12 @@ def test_closing_a_sandboxed_runner_deletes_its_working_folders():
     assert folder.is_dir()
     runner.close()
     assert not folder.exists()
+
+
+def test_the_report_channel_counts_only_the_nonce():
+    fd = "int(os.environ['POLYRL_REPORT_FD'])"
+    honest = f"import os\nos.write({fd}, os.environ['POLYRL_REPORT_NONCE'].encode())\n"
+    assert run_program(honest, report=True).reported
+    assert not run_program(f"import os\nos.write({fd}, b'0' * 32)\n", report=True).reported
+    assert not run_program("pass", report=True).reported
+    assert not run_program(honest).reported  # no channel asked for: none given

@@ -20,6 +20,7 @@ import pluggy
 from polyrl.specs import (
     AdvantageEstimatorSpec,
     AlgorithmSpec,
+    DataSourceScorerSpec,
     LoggerSpec,
     PolicyLossSpec,
     RewardProviderSpec,
@@ -211,6 +212,31 @@ def polyrl_algorithms() -> Iterable[AlgorithmSpec]:
     """
 
 
+@hookspec
+def polyrl_data_source_scorers() -> Iterable[DataSourceScorerSpec]:
+    """Register scorers for rows by their ``data_source``, used by the ``naive`` reward provider
+    (the default) whenever the package is installed. A reward worker imports ``fn`` itself, so
+    name it by import string (or define it at module level).
+
+    Example::
+
+        from polyrl.api import DataSourceScorerSpec, hookimpl
+
+        def palindrome(data_source, solution_str, ground_truth, extra_info, settings):
+            text = solution_str.strip().lower()
+            return float(len(text) >= settings.get("min_length", 3) and text == text[::-1])
+
+        @hookimpl
+        def polyrl_data_source_scorers():
+            yield DataSourceScorerSpec(
+                name="palindrome",
+                description="1.0 for a palindrome response",
+                fn=palindrome,
+                data_sources=("palindrome",),
+            )
+    """
+
+
 HOOK_NAMES = (
     "polyrl_training_engines",
     "polyrl_rollout_engines",
@@ -219,4 +245,5 @@ HOOK_NAMES = (
     "polyrl_reward_providers",
     "polyrl_loggers",
     "polyrl_algorithms",
+    "polyrl_data_source_scorers",
 )

@@ -51,6 +51,7 @@ HOOK_OF_KIND = {
     PluginKind.REWARD_PROVIDER: "polyrl_reward_providers",
     PluginKind.LOGGER: "polyrl_loggers",
     PluginKind.ALGORITHM: "polyrl_algorithms",
+    PluginKind.DATA_SOURCE_SCORER: "polyrl_data_source_scorers",
 }
 # Kinds whose implementations import torch, vLLM, Megatron ...: ``polyrl plugins`` only locates
 # their modules (no import) unless asked to import them.

@@ -244,18 +244,6 @@ class RewardModelModelConfig:
 
 
 @dataclass
-class CodeRewardConfig:
-    """The ``code`` data source: a response's Python program run against the row's test cases,
-    each case in the sandbox (polyrl.rewards.code)."""
-
-    score: str = "fraction"  # fraction: share of cases passed | all: 1.0 only when all pass
-    case_timeout_s: float = 5.0  # wall-clock (and CPU) limit of one case
-    max_parallel: int = 2  # cases of one response run at once
-    memory_mb: int = 512  # address-space limit of one case's process
-    max_output_kb: int = 1024  # more output than this fails the case
-
-
-@dataclass
 class RewardModelConfig:
     # true: score every response with the reward model (the reward_model stage after reward);
     # refused when the selected algorithm's step has no reward_model role
@@ -282,7 +270,6 @@ class RewardModelConfig:
     # num_workers=0 scoring runs in the driver, unsandboxed (auto; always refuses it)
     sandbox: str = "auto"
     sandbox_memory_mb: int = 4096  # address-space limit of one sandboxed reward worker
-    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
 
 
 @dataclass

@@ -178,13 +178,37 @@ def _block_sockets() -> None:
     sys.addaudithook(hook)
 
 
-def _children() -> list[int]:
-    """The live and zombie children of this (single-threaded) process."""
+def _ns_pids(status_path: str) -> list[int]:
+    """The ``NSpid`` line of a ``/proc/.../status``: the pid in each PID namespace, from the
+    namespace of the mounted /proc down to the process's own."""
+    with open(status_path) as fh:
+        for line in fh:
+            if line.startswith("NSpid:"):
+                return [int(pid) for pid in line.split()[1:]]
+    return []
+
+
+def own_children() -> list[int]:
+    """The live and zombie children of this process, as pids of its own namespace. /proc may
+    belong to an outer PID namespace (a sandbox mounts none of its own), where the pids it lists
+    differ: each is translated through its ``NSpid``."""
     try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as fh:
-            return [int(pid) for pid in fh.read().split()]
-    except OSError:  # no /proc: the blocking wait below still reaps what exits
+        depth = len(_ns_pids("/proc/self/status")) - 1
+        listed: list[int] = []
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as fh:
+                listed += [int(pid) for pid in fh.read().split()]
+    except (OSError, ValueError):  # no /proc: the blocking wait still reaps what exits
         return []
+    pids = []
+    for pid in listed:
+        try:
+            ns_pids = _ns_pids(f"/proc/{pid}/status")
+        except OSError:  # gone meanwhile
+            continue
+        if len(ns_pids) > depth >= 0:
+            pids.append(ns_pids[depth])
+    return pids
 
 
 def _kill_descendants() -> None:
@@ -192,7 +216,7 @@ def _kill_descendants() -> None:
     children then come to this subreaper; a fork bomb cannot outrun it (it cannot fork once
     killed, and the process limit caps what it has)."""
     while True:
-        for pid in _children():
+        for pid in own_children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         try:

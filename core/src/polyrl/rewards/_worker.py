@@ -15,27 +15,28 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from polyrl.rewards.custom import ScoreFn, load_custom_function, normalise_score
+from polyrl.rewards.sandbox import become_subreaper
 
 
 @dataclass(frozen=True)
 class ScorerRef:
     """A picklable (and JSON-able) reference to the scoring function: the built-in dispatcher
-    (``path`` None; ``code`` holds the settings of its ``code`` scorer) or ``name`` in the file
+    (``path`` None; ``plugins`` holds the installed plugins' data-source scorers as
+    :func:`polyrl.rewards.scorers.plugin_scorer_refs` gives them) or ``name`` in the file
     ``path``. Workers resolve it themselves: functions defined in a user's file cannot be pickled
     by reference across processes."""
 
     path: str | None = None
     name: str = "compute_score"
-    code: dict[str, Any] = field(default_factory=dict)
+    plugins: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> ScoreFn:
         if self.path is None:
-            from polyrl.rewards.code import CodeRewardSettings
-            from polyrl.rewards.scorers import default_compute_score, preload
+            from polyrl.rewards.scorers import default_compute_score, load_plugin_scorers, preload
 
             preload()
             return functools.partial(
-                default_compute_score, code_settings=CodeRewardSettings(**self.code)
+                default_compute_score, plugin_scorers=load_plugin_scorers(self.plugins)
             )
         return load_custom_function(self.path, self.name)
 
@@ -69,6 +70,7 @@ def worker_main(conn: Connection, scorer: ScorerRef) -> None:
     if the function cannot be loaded."""
     # Ctrl-C goes to the whole process group; the driver decides what happens to workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    become_subreaper()  # what sandboxed programs leave comes here, to be ended (reap_orphans)
     try:
         fn = scorer.load()
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises a clear error
@@ -86,9 +88,9 @@ def worker_main(conn: Connection, scorer: ScorerRef) -> None:
         conn.send((task_id, score_one(fn, payload)))
 
 
-def sandbox_main(path: str | None, name: str, code: dict[str, Any]) -> None:
+def sandbox_main(path: str | None, name: str, plugins: dict[str, Any]) -> None:
     """Entry point of a sandboxed worker (run by the sandbox's launcher): the same loop as
     :func:`worker_main`, over JSON lines on stdin/stdout instead of a pickling pipe."""
     from polyrl.rewards.sandbox import serve_stdio
 
-    worker_main(serve_stdio(), ScorerRef(path=path, name=name, code=code))
+    worker_main(serve_stdio(), ScorerRef(path=path, name=name, plugins=plugins))

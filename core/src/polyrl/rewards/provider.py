@@ -11,6 +11,7 @@ from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.custom import check_custom_function
 from polyrl.rewards.runner import RewardRunner
 from polyrl.rewards.sandbox import SandboxLimits
+from polyrl.rewards.scorers import plugin_scorer_refs
 
 
 class NaiveRewardProvider(RewardProvider):
@@ -19,10 +20,10 @@ class NaiveRewardProvider(RewardProvider):
 
     Config: ``reward_model.num_workers`` (0: in-process), ``.timeout_s``, ``.failure_score``,
     ``.on_error`` (``score`` | ``raise``), ``.sandbox`` (which scorers run sandboxed, see
-    :func:`sandbox_limits`), ``.code`` (the ``code`` scorer's settings). The worker pool starts
-    here and lives until :meth:`close`. The context's nodes are read by attribute; a plain or
-    partial dict (or None) is first merged over the schema's node, so every default comes from
-    the schema.
+    :func:`sandbox_limits`); installed plugins' data-source scorers read their own keys. The
+    worker pool starts here and lives until :meth:`close`. The context's nodes are read by
+    attribute; a plain or partial dict (or None) is first merged over the schema's node, so
+    every default comes from the schema.
     """
 
     def __init__(self, ctx: RewardContext) -> None:
@@ -35,8 +36,8 @@ class NaiveRewardProvider(RewardProvider):
             # exits or hangs at import -- fails now with a clear message, rather than inside
             # every worker or by taking the driver down.
             check_custom_function(path, name, float(custom.load_timeout_s))
-        code = {key: rm.code[key] for key in rm.code}
-        scorer = ScorerRef(path=str(path) if path else None, name=name, code=code)
+        plugins = {} if path else plugin_scorer_refs(rm)
+        scorer = ScorerRef(path=str(path) if path else None, name=name, plugins=plugins)
         self.runner = RewardRunner(
             scorer,
             num_workers=int(rm.num_workers),

@@ -52,6 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from polyrl.rewards._sandbox_child import own_children
+
 _LAUNCHER = str(Path(__file__).with_name("_sandbox_child.py"))
 REPORT_FD_ENV = "POLYRL_REPORT_FD"
 REPORT_NONCE_ENV = "POLYRL_REPORT_NONCE"
@@ -160,15 +162,6 @@ def _is_subreaper() -> bool:
     return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag)
 
 
-def _own_children() -> list[int]:
-    pids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as fh:
-                pids += [int(pid) for pid in fh.read().split()]
-    return pids
-
-
 def reap_orphans() -> int:
     """Kill and reap the children of this process that sandboxed programs left behind; the
     number ended. Only in a subreaper (or PID 1), where orphans come. A child is a sandbox's
@@ -181,7 +174,7 @@ def reap_orphans() -> int:
     while True:
         with _launchers_lock:
             found = []
-            for pid in _own_children():
+            for pid in own_children():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     if pid not in _launchers and os.getsid(pid) != ours:
                         found.append(pid)

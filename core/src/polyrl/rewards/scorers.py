@@ -21,12 +21,15 @@ Supported ``data_source`` values (see :func:`supported_data_sources`):
   ``*MATH*`` sources: equivalence by ``math_verify.parse``/``verify``.
 - ``reasoning_gym/<task>`` (or any source starting with ``reasoning_gym``): the task's own scorer.
 - ``polyrl/tiny_digits``: the synthetic task of the tiny recipe (dense partial credit).
-- ``code``: a Python program run against the row's test cases in the sandbox
-  (:mod:`polyrl.rewards.code`).
+
+Installed plugins add scorers for further sources (:class:`polyrl.specs.DataSourceScorerSpec`,
+e.g. ``code`` from ``polyrl-reward-code``); :func:`plugin_scorer_refs` collects them in the
+driver and the reward workers receive them as import strings (:func:`load_plugin_scorers`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -36,9 +39,9 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
-from polyrl.rewards.code import CODE_SOURCES, CodeRewardSettings, code_score
-
 ScoreValue = float | dict[str, Any]
+# A plugin scorer with its settings bound: fn(data_source, solution_str, ground_truth, extra_info)
+PluginScorer = Callable[[str, str, Any, dict[str, Any]], ScoreValue]
 
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 # A number as people write it: optional sign, digits with optional thousands commas, decimals.
@@ -281,7 +284,7 @@ def preload() -> None:
 def _source_modules(data_source: str) -> tuple[str, ...]:
     """The optional libraries the built-in scorer of ``data_source`` needs."""
     source = str(data_source)
-    if source in (*EXACT_SOURCES, *GSM8K_SOURCES, TINY_DIGITS_SOURCE, *CODE_SOURCES):
+    if source in (*EXACT_SOURCES, *GSM8K_SOURCES, TINY_DIGITS_SOURCE):
         return ()
     if source.startswith("reasoning_gym"):
         return ("reasoning_gym",)
@@ -320,8 +323,54 @@ def supported_data_sources() -> list[str]:
         *MATH_SOURCES,
         "reasoning_gym/<task>",
         TINY_DIGITS_SOURCE,
-        *CODE_SOURCES,
     ]
+
+
+# ---- scorers from plugins -----------------------------------------------------------------------
+def plugin_scorer_refs(reward_model: Any, registry: Any = None) -> dict[str, list[Any]]:
+    """``{data_source: [import string, settings]}`` of every installed plugin's data-source
+    scorer, its settings read from ``reward_model.<settings_key>`` (a plain dict): JSON, so that
+    it reaches sandboxed reward workers too. Two packages scoring one source: an error naming
+    both."""
+    from polyrl.errors import ConfigError
+    from polyrl.registry import get_registry
+    from polyrl.specs import PluginKind
+
+    refs: dict[str, list[Any]] = {}
+    owners: dict[str, str] = {}
+    for reg in (registry or get_registry()).all(PluginKind.DATA_SOURCE_SCORER):
+        spec, owner = reg.spec, f"{reg.name!r} ({reg.provenance.distribution})"
+        fn = spec.fn if isinstance(spec.fn, str) else f"{spec.fn.__module__}:{spec.fn.__qualname__}"
+        settings = {}
+        if spec.settings_key:
+            node = reward_model[spec.settings_key]
+            settings = {key: node[key] for key in node}
+        for source in spec.data_sources:
+            if source in owners:
+                raise ConfigError(
+                    f"data_source {source!r} is scored by two plugins, {owners[source]} and "
+                    f"{owner}: uninstall one"
+                )
+            owners[source] = owner
+            refs[source] = [fn, settings]
+    return refs
+
+
+def load_plugin_scorers(refs: Mapping[str, list[Any]]) -> dict[str, PluginScorer]:
+    """Resolve :func:`plugin_scorer_refs`' import strings (in a reward worker) and bind each
+    scorer's settings."""
+    from polyrl.specs import resolve_object
+
+    return {
+        source: functools.partial(resolve_object(fn), settings=dict(settings))
+        for source, (fn, settings) in refs.items()
+    }
+
+
+def _first_party_package(source: str) -> str | None:
+    from polyrl.specs import FIRST_PARTY_PACKAGES, PluginKind
+
+    return FIRST_PARTY_PACKAGES[PluginKind.DATA_SOURCE_SCORER].get(source)
 
 
 def default_compute_score(
@@ -330,16 +379,20 @@ def default_compute_score(
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
     *,
-    code_settings: CodeRewardSettings | None = None,
+    plugin_scorers: Mapping[str, PluginScorer] | None = None,
 ) -> ScoreValue:
-    """Score one response with the built-in scorer for its ``data_source``; ``code_settings``
-    (``reward_model.code``) are for the ``code`` source.
+    """Score one response with the built-in scorer for its ``data_source``, or with the plugin
+    scorer ``plugin_scorers`` holds for it (:func:`load_plugin_scorers`).
 
     Raises ValueError for an unknown source, listing the supported ones and how to plug in one's
-    own function (``custom_reward_function.path``).
+    own function (``custom_reward_function.path``), or naming the package to install for a
+    source a first-party plugin scores.
     """
     extra = dict(extra_info or {})
     source = str(data_source)
+    plugins = plugin_scorers or {}
+    if source in plugins:
+        return plugins[source](source, solution_str, ground_truth, extra)
     if source in EXACT_SOURCES:
         return exact_match_score(solution_str, ground_truth, normalise=source == "exact_match")
     if source in GSM8K_SOURCES:
@@ -349,13 +402,17 @@ def default_compute_score(
         return reasoning_gym_score(source, solution_str, ground_truth, extra)
     if source == TINY_DIGITS_SOURCE:
         return tiny_digits_score(solution_str, ground_truth)
-    if source in CODE_SOURCES:
-        return code_score(solution_str, ground_truth, code_settings)
     if _is_math_source(source):
         return math_score(solution_str, ground_truth)
+    package = _first_party_package(source)
+    if package:
+        raise ValueError(
+            f"data_source {source!r} is scored by the plugin package {package}, which is not "
+            f"installed: pip install {package}"
+        )
     raise ValueError(
         f"no built-in scorer for data_source {source!r}. Built-in: "
-        f"{', '.join(supported_data_sources())}. For another source, write a function "
-        "fn(data_source, solution_str, ground_truth, extra_info) -> float | dict and set "
+        f"{', '.join([*supported_data_sources(), *plugins])}. For another source, write a "
+        "function fn(data_source, solution_str, ground_truth, extra_info) -> float | dict and set "
         "custom_reward_function.path=<file.py> (and custom_reward_function.name=<fn>)."
     )

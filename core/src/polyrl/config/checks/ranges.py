@@ -29,7 +29,6 @@ LR_SCHEDULER_TYPES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right")
 REWARD_ON_ERROR = ("score", "raise")
 REWARD_SANDBOX = ("auto", "always", "never")
-CODE_SCORE_MODES = ("fraction", "all")  # polyrl.rewards.code.SCORE_MODES
 
 
 def _positive(v: float) -> bool:
@@ -116,11 +115,6 @@ def check_ranges(checker: Checker) -> None:
     c.choice("reward_model.on_error", REWARD_ON_ERROR)
     c.choice("reward_model.sandbox", REWARD_SANDBOX)
     c.number("reward_model.sandbox_memory_mb", at_least(64), ">= 64", integer=True)
-    c.choice("reward_model.code.score", CODE_SCORE_MODES)
-    c.number("reward_model.code.case_timeout_s", _positive, "> 0")
-    c.number("reward_model.code.max_parallel", at_least(1), ">= 1", integer=True)
-    c.number("reward_model.code.memory_mb", at_least(64), ">= 64", integer=True)
-    c.number("reward_model.code.max_output_kb", at_least(1), ">= 1", integer=True)
     c.number("custom_reward_function.load_timeout_s", _positive, "> 0")
     c.number("reward_model.max_consecutive_timeouts", at_least(1), ">= 1", integer=True)
     c.number("reward_model.max_failure_rate", lambda v: 0 < v <= 1, "in (0, 1]")

@@ -1,0 +1,1 @@
+"""polyrl-reward-code: the code-execution reward (``data_source`` ``code``)."""
