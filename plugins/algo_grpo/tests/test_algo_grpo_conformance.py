@@ -1,5 +1,11 @@
 """polyrl's conformance suites, run on every registration of polyrl-algo-grpo."""
 
+from typing import Any
+
+import torch
+
+from polyrl.api import Batch
+from polyrl.api.testing import schema_config
 from polyrl.testing import (
     AdvantageEstimatorConformance,
     AlgorithmConformance,
@@ -28,6 +34,46 @@ class TestRlooConformance(AdvantageEstimatorConformance):
     plugin_name = "rloo"
 
 
+class TestGrpoVectorizedConformance(AdvantageEstimatorConformance):
+    plugin_name = "grpo_vectorized"
+
+
+class TestRlooVectorizedConformance(AdvantageEstimatorConformance):
+    plugin_name = "rloo_vectorized"
+
+
+class TestGrpoPasskConformance(AdvantageEstimatorConformance):
+    plugin_name = "grpo_passk"
+
+
+class TestOpoConformance(AdvantageEstimatorConformance):
+    plugin_name = "opo"
+
+
+class TestGpgConformance(AdvantageEstimatorConformance):
+    plugin_name = "gpg"
+
+
+class TestGdpoConformance(AdvantageEstimatorConformance):
+    plugin_name = "gdpo"
+
+    def estimator_config(self) -> Any:
+        return schema_config().algorithm  # with GDPO's section (weights: null, 1 each)
+
+    def extra_fields(self, rows: int, length: int) -> dict[str, Any]:
+        return {"reward_components": torch.zeros(rows, 2)}
+
+    def run(self, implementation: Any, batch: Any) -> Any:
+        """Where the suite sets rewards, two reward dimensions made from them (the score and its
+        square), so its rule for equal rewards in a group (zero advantage) applies."""
+        if "token_level_rewards" in batch:
+            score = batch["token_level_rewards"].sum(dim=-1)
+            components = torch.stack([score, score.square()], dim=-1)
+            tensors = {**batch.tensors, "reward_components": components}
+            batch = Batch(tensors, non_tensors=dict(batch.non_tensors))
+        return super().run(implementation, batch)
+
+
 class TestGspoConformance(PolicyLossConformance):
     plugin_name = "gspo"
 
@@ -47,6 +93,13 @@ class TestDrGrpoAlgorithmConformance(AlgorithmConformance):
 
 class TestRlooAlgorithmConformance(AlgorithmConformance):
     plugin_name = "rloo"
+
+
+class TestGdpoAlgorithmConformance(AlgorithmConformance):
+    plugin_name = "gdpo"
+
+    def overrides(self) -> list[str]:
+        return ["recipe=tiny", "algorithm.name=gdpo", "algorithm.gdpo_reward_keys=[acc]"]
 
 
 class TestDapoAlgorithmConformance(AlgorithmConformance):

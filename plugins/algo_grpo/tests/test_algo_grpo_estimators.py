@@ -135,7 +135,7 @@ def test_entry_point_module_is_light():
         "assert 'torch' not in sys.modules, 'plugin.py imported torch'; print(len(specs))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "5"
+    assert out.stdout.strip() == "13"
 
 
 def test_registered_through_the_entry_point(monkeypatch):

@@ -43,7 +43,7 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
     return torch.where(mask != 0, token_level_rewards * mask, 0.0).sum(dim=-1)
 
 
-def _group_outcome_advantage(
+def group_outcome_advantage(
     batch: Batch, centre: Callable[[torch.Tensor, GroupStats], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The frame every estimator here shares: one float64 score per response, the statistics of
@@ -75,7 +75,7 @@ def grpo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tenso
         centred = scores - stats.mean
         return centred / (stats.std + GRPO_EPSILON) if by_std else centred
 
-    return _group_outcome_advantage(batch, centre)
+    return group_outcome_advantage(batch, centre)
 
 
 @torch.no_grad()
@@ -87,7 +87,7 @@ def drgrpo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Ten
     aggregation (set by the ``drgrpo`` algorithm's config defaults) to remove the length bias too.
     ``config`` has no knob for it: ``norm_adv_by_std_in_grpo`` is ignored.
     """
-    return _group_outcome_advantage(batch, lambda scores, stats: scores - stats.mean)
+    return group_outcome_advantage(batch, lambda scores, stats: scores - stats.mean)
 
 
 @torch.no_grad()
@@ -102,4 +102,4 @@ def rloo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tenso
         others = (stats.total - scores) / (stats.size - 1).clamp_min(1)
         return scores - others
 
-    return _group_outcome_advantage(batch, centre)
+    return group_outcome_advantage(batch, centre)

@@ -8,8 +8,11 @@ from collections.abc import Iterator
 from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec, hookimpl
 from polyrl_algo_grpo.dapo_settings import CONFIG_SECTIONS as DAPO_SECTIONS
 from polyrl_algo_grpo.dapo_settings import KEY_ALIASES as DAPO_ALIASES
+from polyrl_algo_grpo.gdpo_settings import CONFIG_SECTIONS as GDPO_SECTIONS
 
 _ADV = "polyrl_algo_grpo.advantages"
+_VARIANTS = "polyrl_algo_grpo.group_variants"
+_OTB = "polyrl_algo_grpo.optimal_token_baseline"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
 # whole family; they differ in the estimator and, for Dr.GRPO, the loss aggregation.
 _STEP = "polyrl.api:policy_gradient_pipeline"
@@ -22,7 +25,7 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         name="grpo",
         description="GRPO: group-relative outcome advantages, PPO-clipped policy loss",
         pipeline=_STEP,
-        estimators=("grpo",),
+        estimators=("grpo", "grpo_vectorized"),
         roles=_ROLES,
     )
     yield AlgorithmSpec(
@@ -37,8 +40,19 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         name="rloo",
         description="RLOO: leave-one-out baseline over the samples of a prompt",
         pipeline=_STEP,
-        estimators=("rloo",),
+        estimators=("rloo", "rloo_vectorized"),
         roles=_ROLES,
+    )
+    yield AlgorithmSpec(
+        name="gdpo",
+        description="GDPO: each reward dimension (algorithm.gdpo_reward_keys) normalised in "
+        "its group, weighted sum whitened over the batch",
+        pipeline="polyrl_algo_grpo.gdpo:gdpo_pipeline",
+        estimators=("gdpo",),
+        roles=_ROLES,
+        config_check="polyrl_algo_grpo.gdpo:check_gdpo_config",
+        config_sections=GDPO_SECTIONS,
+        owned_keys=("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"),
     )
     # Selected by algorithm.name=dapo only: its estimator is GRPO's, which the grpo algorithm owns.
     yield AlgorithmSpec(
@@ -80,12 +94,56 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
             fn=f"{_ADV}:drgrpo_advantage",
             requires_groups=True,
         )
+    # verl's *_vectorized names are other implementations of the same formulas; ours is
+    # vectorised already.
+    for name in ("rloo", "rloo_vectorized"):
+        yield AdvantageEstimatorSpec(
+            name=name,
+            description="RLOO: score - mean score of the other samples of the group",
+            fn=f"{_ADV}:rloo_advantage",
+            requires_groups=True,
+        )
     yield AdvantageEstimatorSpec(
-        name="rloo",
-        description="RLOO: score - mean score of the other samples of the group",
-        fn=f"{_ADV}:rloo_advantage",
+        name="grpo_vectorized",
+        description="GRPO (verl's vectorised name): (score - group mean) / (group std + 1e-6)",
+        fn=f"{_ADV}:grpo_advantage",
         requires_groups=True,
     )
+    yield AdvantageEstimatorSpec(
+        name="grpo_passk",
+        description="Pass@k: only a group's best response learns, with best - second best "
+        "(over the group std unless norm_adv_by_std_in_grpo=false)",
+        fn=f"{_VARIANTS}:grpo_passk_advantage",
+        requires_groups=True,
+    )
+    yield AdvantageEstimatorSpec(
+        name="opo",
+        description="OPO: score - length-weighted group mean score",
+        fn=f"{_VARIANTS}:opo_advantage",
+        requires_groups=True,
+    )
+    yield AdvantageEstimatorSpec(
+        name="gpg",
+        description="GPG: (score - group mean) * batch size / number of non-zero scores",
+        fn=f"{_VARIANTS}:gpg_advantage",
+        requires_groups=True,
+    )
+    yield AdvantageEstimatorSpec(
+        name="gdpo",
+        description="GDPO: per-dimension group normalisation of reward_components, weighted "
+        "sum whitened over the batch",
+        fn="polyrl_algo_grpo.gdpo:gdpo_advantage",
+        requires=("reward_components", "response_mask", "uid"),
+        requires_groups=True,
+    )
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        yield AdvantageEstimatorSpec(
+            name=name,
+            description="verl's optimal token baseline: refused (needs sum_pi_squared, which "
+            "polyrl's actor does not compute)",
+            fn=f"{_OTB}:optimal_token_baseline_advantage",
+            config_check=f"{_OTB}:check_otb_config",
+        )
 
 
 @hookimpl
