@@ -88,7 +88,10 @@ class Restart:
         )
 
     def metrics(self) -> dict[str, float]:
-        return {"recovery/restarts": float(self.number), "recovery/steps_lost": self.steps_lost}
+        return {
+            "recovery/restarts": float(self.number),
+            "recovery/steps_lost": float(self.steps_lost),
+        }
 
 
 def record_restart(output_dir: str, restart: Restart) -> None:
