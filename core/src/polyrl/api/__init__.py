@@ -57,6 +57,7 @@ from polyrl.interfaces.training_engine import (
     ModelHead,
     needs_entropy_grad,
 )
+from polyrl.loggers.run_id import resumable_run_id, store_run_id, stored_run_id
 from polyrl.loggers.values import to_float_metrics
 from polyrl.lora import lora_problems, lora_rank, target_modules
 from polyrl.models.resolve import resolve_model_path
@@ -325,6 +326,9 @@ __all__ = [
     "position_ids_for",
     "read_parquet",
     "resolve_model_path",
+    "resumable_run_id",
+    "store_run_id",
+    "stored_run_id",
     "role_world",
     "rollout_node",
     "run_program",

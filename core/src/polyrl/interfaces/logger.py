@@ -30,5 +30,9 @@ class MetricsLogger(ABC):
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Record ``metrics`` for ``step``."""
 
+    def log_image(self, name: str, path: str, step: int) -> None:
+        """Record the image file at ``path`` under ``name`` (the run's reward curve, once at the
+        end, at the last step). Loggers that keep only scalars ignore it."""
+
     def finish(self) -> None:
         """Flush and close at the end of the run (also after a crash)."""

@@ -86,6 +86,11 @@ class LoggerGroup:
         floats = to_float_metrics(metrics)
         self._each("log", lambda lg: lg.log(dict(floats), int(step)))
 
+    def log_image(self, name: str, path: str, step: int) -> None:
+        """Send the image file at ``path`` to every logger (see
+        :meth:`polyrl.interfaces.MetricsLogger.log_image`)."""
+        self._each("log_image", lambda lg: lg.log_image(name, path, int(step)))
+
     def finish(self) -> None:
         """Finish every logger once; later calls do nothing."""
         if self._finished:

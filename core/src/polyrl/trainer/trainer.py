@@ -351,10 +351,12 @@ class RLTrainer:
                 self._finished_steps = step
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)
+            metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
+            plot = self._plot(metrics_file)
+            if plot is not None:
+                loggers.log_image("reward_curve", plot, self.total_steps)
         self._step_running = self.total_steps + 1  # the export
         hf_model = self._export()
-        metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
-        plot = self._plot(metrics_file)
         return TrainResult(
             steps=self.total_steps,
             output_dir=self.output_dir,

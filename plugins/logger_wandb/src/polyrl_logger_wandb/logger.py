@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from polyrl.api import LoggerContext, MetricsLogger, atomic_write_text, to_float_metrics
+from polyrl.api import LoggerContext, MetricsLogger, resumable_run_id, to_float_metrics
 from polyrl_logger_wandb.config import WandbLoggerConfig
 
 RUN_ID_FILE = "wandb_run_id.txt"
@@ -70,18 +70,8 @@ def resolve_mode(config_mode: str | None = None, env: Mapping[str, str] | None =
 
 
 def run_id_for(ctx: LoggerContext, new_id: str) -> tuple[str, bool]:
-    """``(run_id, resuming)``: the stored id when the training run resumes and one is stored,
-    else ``new_id``, which is then stored for a later resume."""
-    path = os.path.join(ctx.log_dir, RUN_ID_FILE)
-    if ctx.resumed_from_step > 0 and os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
-            stored = fh.read().strip()
-        if stored:
-            return stored, True
-    if ctx.resumed_from_step > 0:
-        _log.info("no %s in %s: the resumed run starts a new wandb run", RUN_ID_FILE, ctx.log_dir)
-    atomic_write_text(path, new_id + "\n")
-    return new_id, False
+    """``(run_id, resuming)``: the stored id when the training run resumes, else ``new_id``."""
+    return resumable_run_id(ctx, RUN_ID_FILE, new_id)
 
 
 class WandbLogger(MetricsLogger):
