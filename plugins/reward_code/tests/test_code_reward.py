@@ -10,11 +10,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from polyrl.api.testing import schema_config
 from polyrl_reward_code.checks import check_config
 from polyrl_reward_code.scorer import code_score, extract_code, load_cases, score
 from polyrl_reward_code.settings import CodeRewardSettings
-
-from polyrl.api.testing import schema_config
 
 ADD_CASES = {"inputs": ["1 2\n", "3 4\n", "10 -2\n"], "outputs": ["3\n", "7", "8\n"]}
 ADD_TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
