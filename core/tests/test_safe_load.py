@@ -84,3 +84,43 @@ def test_extra_state_with_objects_is_refused_and_plain_state_loads(tmp_path: Pat
     torch.save({"step": 3, "rng": [torch.arange(3), (1, 2.0, None)], "lr": [1e-3]}, good)
     assert load_plain(str(good))["step"] == 3
     assert not os.path.exists(marker)
+
+
+def test_a_payload_in_a_dcp_state_entry_is_refused_and_never_runs(
+    tmp_path: Path, process_group
+) -> None:
+    """DCP stores the state dict's non-tensor values (an optimizer's lr, a step counter) as
+    pickled bytes and its default planner loads them with ``weights_only=False``."""
+    marker = tmp_path / "pwned"
+    target = tmp_path / "ckpt"
+    dcp.save({"w": torch.ones(2), "note": Payload(marker)}, checkpoint_id=str(target))
+    state = {"w": torch.zeros(2), "note": None}
+    with pytest.raises(UnsafeCheckpointError, match=r"refusing to load .*ckpt \(entry note\)"):
+        SafeFileSystemReader(str(target)).load(state)
+    assert not marker.exists()
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(target)))  # DCP's own reader
+    assert marker.exists(), "without polyrl's reader the payload runs (else this test is void)"
+    marker.unlink()
+    dcp.save({"w": torch.ones(2), "note": ("lr", 0.5, (0.9, 0.99))}, checkpoint_id=str(target))
+    SafeFileSystemReader(str(target)).load(state)
+    assert state["note"] == ("lr", 0.5, (0.9, 0.99)) and state["w"].sum() == 2
+
+
+def test_an_allowed_class_is_rebuilt_and_any_other_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "state.pt"
+    torch.save({"scaler": Scaler(4.0)}, path)
+    with pytest.raises(UnsafeCheckpointError, match="Scaler"):
+        load_plain(str(path))
+    assert load_plain(str(path), [Scaler])["scaler"].scale == 4.0
+    torch.save({"scaler": Scaler(4.0), "x": Payload(marker)}, path)
+    with pytest.raises(UnsafeCheckpointError, match="holds objects other than tensors"):
+        load_plain(str(path), [Scaler])
+    assert not marker.exists()
+
+
+class Scaler:
+    """A format's plain data class (as DeepSpeed's loss scaler is)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale

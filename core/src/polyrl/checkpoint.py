@@ -100,19 +100,40 @@ def step_of(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def is_complete(path: str) -> bool:
-    """Whether ``path`` is a committed checkpoint folder (it holds the commit marker)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MARKER_FILE))
-
-
-def read_marker(path: str) -> dict[str, Any]:
-    """The commit marker of a checkpoint folder (empty when absent or unreadable)."""
+def _parsed_marker(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, MARKER_FILE), encoding="utf-8") as fh:
             marker = json.load(fh)
     except (OSError, ValueError):
-        return {}
-    return marker if isinstance(marker, dict) else {}
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def is_complete(path: str) -> bool:
+    """Whether ``path`` is a committed checkpoint folder: it holds a readable commit marker. A
+    marker that does not parse (a corrupted or edited file) does not count, since the checksums
+    it carries could not be checked."""
+    return os.path.isdir(path) and _parsed_marker(path) is not None
+
+
+def read_marker(path: str) -> dict[str, Any]:
+    """The commit marker of a checkpoint folder (empty when absent or unreadable)."""
+    return _parsed_marker(path) or {}
+
+
+_REPORTED_UNREADABLE: set[str] = set()
+
+
+def _report_unreadable_marker(path: str) -> None:
+    """One line per folder and process: a checkpoint skipped for its unreadable marker."""
+    if path not in _REPORTED_UNREADABLE:
+        _REPORTED_UNREADABLE.add(path)
+        _log.warning(
+            "%s: its %s marker is unreadable, so it is not a complete checkpoint; the newest "
+            "complete one before it is used",
+            path,
+            MARKER_FILE,
+        )
 
 
 def file_checksums(folder: str) -> dict[str, str]:
@@ -475,6 +496,8 @@ class CheckpointManager:
             path = os.path.join(self.root_dir, name)
             if match and is_complete(path):
                 found.append((int(match.group(1)), path))
+            elif match and os.path.isfile(os.path.join(path, MARKER_FILE)):
+                _report_unreadable_marker(path)
         return sorted(found)
 
     def latest(self) -> tuple[int, str] | None:
@@ -630,8 +653,9 @@ class CheckpointManager:
                 f"; the newest complete one there is {hint[1]}" if hint else "; none there is"
             )
             raise ConfigError(
-                f"trainer.resume_from_path={given!r} is an incomplete checkpoint (no {MARKER_FILE} "
-                f"marker: its save was interrupted){alternative}"
+                f"trainer.resume_from_path={given!r} is an incomplete checkpoint (no readable "
+                f"{MARKER_FILE} marker: its save was interrupted or the marker is damaged)"
+                f"{alternative}"
             )
         return path
 

@@ -10,11 +10,18 @@ Each rank writes its own ZeRO partition (no gather). DeepSpeed's ``client_state`
 rank 0 only, so the per-rank RNG states go to one extra file per rank, as in the FSDP engine. A
 ZeRO checkpoint is tied to its world size and stage (DeepSpeed can convert it offline with
 ``ds_to_universal``); loading checks both and says so instead of failing deep inside DeepSpeed.
+
+DeepSpeed reads its files with ``torch.load(weights_only=False)``, which runs whatever a pickle in
+them calls. Every file it reads goes through its engine's ``checkpoint_engine.load``, so while
+polyrl loads a checkpoint that method is :func:`polyrl.api.load_plain` (tensors and plain data)
+admitting only the few DeepSpeed classes its optimizer files hold (:func:`deepspeed_classes`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,6 +32,41 @@ from polyrl_engine_kit.checkpoint import CheckpointError
 
 TAG = "polyrl"
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
+
+
+def deepspeed_classes() -> list[type]:
+    """The classes DeepSpeed's ZeRO optimizer files pickle besides tensors and plain data: the
+    loss scaler (static or dynamic), the ZeRO stage and the fragment addresses of the flat
+    partitions. Rebuilt from their saved attributes; nothing else in a file is admitted."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+class _TensorOnlyReads:
+    """DeepSpeed's checkpoint engine, writing as before, reading through :func:`load_plain`."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._allowed = deepspeed_classes()
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return load_plain(path, self._allowed)  # on the CPU, as DeepSpeed asks for
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def _tensor_only_reads(engine: Any) -> Iterator[None]:
+    inner = engine.checkpoint_engine
+    engine.checkpoint_engine = _TensorOnlyReads(inner)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = inner
 
 
 def save(path: str, engine: Any, extra: dict[str, Any]) -> None:
@@ -53,13 +95,14 @@ def load(path: str, engine: Any, layout: dict[str, int], with_optimizer: bool) -
             f"checkpoint loads on the same world size and zero_stage (convert it with "
             f"DeepSpeed's ds_to_universal to change them)"
         )
-    loaded, _ = engine.load_checkpoint(
-        path,
-        tag=TAG,
-        load_optimizer_states=with_optimizer,
-        load_lr_scheduler_states=False,
-        load_module_strict=True,
-    )
+    with _tensor_only_reads(engine):
+        loaded, _ = engine.load_checkpoint(
+            path,
+            tag=TAG,
+            load_optimizer_states=with_optimizer,
+            load_lr_scheduler_states=False,
+            load_module_strict=True,
+        )
     if loaded is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint under {os.path.join(path, TAG)!r}")
     return extra

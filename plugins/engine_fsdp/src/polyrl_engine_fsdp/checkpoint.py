@@ -103,7 +103,7 @@ def load_sharded(
             f"a trainable engine cannot resume from it"
         )
     _check_model_keys(path, state["model"], saved)
-    dcp.load(state, storage_reader=SafeFileSystemReader(path))
+    SafeFileSystemReader(path).load(state)
     options = StateDictOptions(strict=keep is None)
     if optimizer is None:
         set_model_state_dict(model, state["model"], options=options)
