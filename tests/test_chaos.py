@@ -1,7 +1,11 @@
 """The chaos benchmark (``benchmarks/chaos.py``) in short: ``recipe=tiny`` with Ray workers
 killed -9 at random moments (and, in the slow form, the whole driver too), against an
 undisturbed run of the same command: the final weights are bitwise equal and the metrics hold
-every step exactly once (the benchmark checks both and exits 1 otherwise)."""
+every step exactly once (the benchmark checks both and exits 1 otherwise).
+
+Both are slow: two runs of the command plus a restart take over a minute on a shared 2-core
+machine. The default suite's short form is tests/test_faults_recovery.py (a worker killed -9,
+the controller's restart, every step and prompt trained once)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def chaos(tmp_path: Path, *args: str) -> dict:
     return json.loads(report.read_text())
 
 
+@pytest.mark.slow
 def test_a_run_that_loses_a_worker_ends_with_the_undisturbed_runs_weights(tmp_path: Path) -> None:
     report = chaos(tmp_path, "--steps", "4", "--worker-kills", "1", "--driver-kills", "0")
     assert report["worker_kills"] == 1 and report["restarts"] == 1, report
