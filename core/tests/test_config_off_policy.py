@@ -53,7 +53,9 @@ def test_the_cap_is_off_or_at_least_one(cap: str) -> None:
 
 def test_unknown_mode_suggests_the_closest() -> None:
     line = one_problem("trainer.async_mode=one_step_of")
-    assert "is not one of sync, one_step_off" in line and "'one_step_off'" in line
+    assert "unknown schedule 'one_step_of'" in line, line
+    assert "one_step_off (polyrl-schedule-offpolicy), sync (polyrl)" in line
+    assert "Did you mean 'one_step_off'?" in line
 
 
 def test_a_step_that_does_not_generate_is_refused() -> None:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.hookspecs import hookimpl
-from polyrl.specs import AlgorithmSpec, LoggerSpec, PolicyLossSpec, RewardProviderSpec
+from polyrl.specs import (
+    AlgorithmSpec,
+    LoggerSpec,
+    PolicyLossSpec,
+    RewardProviderSpec,
+    ScheduleSpec,
+)
 
 
 @hookimpl
@@ -56,4 +62,15 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         "algorithm claims",
         pipeline="polyrl.step.policy_gradient:policy_gradient_pipeline",
         roles=("actor", "rollout", "ref", "reward_model"),
+    )
+
+
+@hookimpl
+def polyrl_schedules() -> Iterator[ScheduleSpec]:
+    yield ScheduleSpec(
+        name="sync",
+        description="Each step generates with the previous update's weights, then trains on "
+        "its samples (on-policy)",
+        schedule="polyrl.step.schedule:SynchronousSchedule",
+        describe="polyrl.step.schedule:describe_sync",
     )

@@ -25,6 +25,7 @@ from polyrl.specs import (
     PolicyLossSpec,
     RewardProviderSpec,
     RolloutEngineSpec,
+    ScheduleSpec,
     TrainingEngineSpec,
 )
 
@@ -237,6 +238,36 @@ def polyrl_data_source_scorers() -> Iterable[DataSourceScorerSpec]:
     """
 
 
+@hookspec
+def polyrl_schedules() -> Iterable[ScheduleSpec]:
+    """Register step schedules, selected by ``trainer.async_mode=<name>``: how the trainer runs
+    each step's pipeline (core's ``sync``: generate, train, sync the weights, in order;
+    ``polyrl-schedule-offpolicy``'s ``one_step_off``: the next batch is generated while this one
+    trains).
+
+    Example::
+
+        from polyrl.api import ScheduleSpec, StepState, hookimpl
+
+        class LoggingSchedule:
+            def __init__(self, cfg, pipeline):
+                self.pipeline = pipeline
+
+            def run(self, step, ctx, *, prefetch_next):
+                print("step", step)
+                return self.pipeline.run(StepState(step=step, batch=ctx.next_prompts()), ctx)
+
+            def before_validation(self, ctx): ...
+            def save(self, directory): return {}
+            def load(self, directory, driver_state): ...
+
+        @hookimpl
+        def polyrl_schedules():
+            yield ScheduleSpec(name="logging", description="sync, printing each step",
+                               schedule=LoggingSchedule)
+    """
+
+
 HOOK_NAMES = (
     "polyrl_training_engines",
     "polyrl_rollout_engines",
@@ -246,4 +277,5 @@ HOOK_NAMES = (
     "polyrl_loggers",
     "polyrl_algorithms",
     "polyrl_data_source_scorers",
+    "polyrl_schedules",
 )

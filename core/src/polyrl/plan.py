@@ -33,6 +33,7 @@ SINGLE_KINDS = (
     PluginKind.ADVANTAGE_ESTIMATOR,
     PluginKind.POLICY_LOSS,
     PluginKind.REWARD_PROVIDER,
+    PluginKind.SCHEDULE,
 )
 
 
@@ -129,6 +130,10 @@ class RunPlan:
     @property
     def reward_provider(self) -> Registration:
         return self.selected(PluginKind.REWARD_PROVIDER)
+
+    @property
+    def schedule(self) -> Registration:
+        return self.selected(PluginKind.SCHEDULE)
 
     @property
     def loggers(self) -> list[Registration]:

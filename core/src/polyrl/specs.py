@@ -26,6 +26,7 @@ class PluginKind(str, Enum):
     LOGGER = "logger"
     ALGORITHM = "algorithm"
     DATA_SOURCE_SCORER = "data_source_scorer"
+    SCHEDULE = "schedule"
 
     @property
     def config_key(self) -> str:
@@ -42,6 +43,7 @@ _CONFIG_KEYS = {
     PluginKind.ALGORITHM: "algorithm.name",
     # not a config key's value: a row's data_source (the column data.reward_fn_key names)
     PluginKind.DATA_SOURCE_SCORER: "data.reward_fn_key",
+    PluginKind.SCHEDULE: "trainer.async_mode",
 }
 
 
@@ -333,6 +335,24 @@ class DataSourceScorerSpec(_Spec):
         return resolve_object(self.fn)
 
 
+@dataclass(frozen=True)
+class ScheduleSpec(_Spec):
+    """How the trainer turns steps into pipeline runs, selected by ``trainer.async_mode``.
+
+    ``schedule`` is a callable (or import string) ``schedule(cfg, pipeline) -> StepSchedule``
+    (:class:`polyrl.step.schedule.StepSchedule`: ``run``, ``before_validation``, ``save``,
+    ``load``); it runs in the driver. ``describe`` (optional) is ``describe(cfg, pipeline) ->
+    str``, the text of ``polyrl validate``'s ``schedule:`` line after the name. Rules the
+    schedule needs of the config (placement, corrections) go in its ``config_check``.
+    """
+
+    schedule: Callable[..., Any] | str = ""
+    describe: Callable[..., str] | str | None = None
+
+    def load(self) -> Callable[..., Any]:
+        return resolve_object(self.schedule)
+
+
 SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.TRAINING_ENGINE: TrainingEngineSpec,
     PluginKind.ROLLOUT_ENGINE: RolloutEngineSpec,
@@ -342,6 +362,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.LOGGER: LoggerSpec,
     PluginKind.ALGORITHM: AlgorithmSpec,
     PluginKind.DATA_SOURCE_SCORER: DataSourceScorerSpec,
+    PluginKind.SCHEDULE: ScheduleSpec,
 }
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
@@ -420,6 +441,7 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "dpo": "polyrl-algo-dpo",
     },
     PluginKind.DATA_SOURCE_SCORER: {"code": "polyrl-reward-code"},
+    PluginKind.SCHEDULE: {"one_step_off": "polyrl-schedule-offpolicy"},
 }
 
 # Config groups first-party plugins declare (their ``config_sections``), with the package: an

@@ -74,6 +74,7 @@ from polyrl.specs import (
     PolicyLossSpec,
     RewardProviderSpec,
     RolloutEngineSpec,
+    ScheduleSpec,
     TrainingEngineSpec,
 )
 from polyrl.workers.dispatch import Dispatch
@@ -86,6 +87,13 @@ API_VERSION = "1.0"
 # Names resolved on first access: name -> "module:attribute", or "module" for a module itself.
 # Keep the ``TYPE_CHECKING`` imports below in step (core/tests/test_api_boundary.py checks).
 _LAZY: dict[str, str] = {
+    "load_step_state": "polyrl.step.saved_state:load_step_state",
+    "save_step_state": "polyrl.step.saved_state:save_step_state",
+    "TIS_CAP_KEY": "polyrl.config.checks.off_policy:TIS_CAP_KEY",
+    "tis_enabled": "polyrl.config.checks.off_policy:tis_enabled",
+    "pool_of": "polyrl.config.checks:pool_of",
+    "SynchronousSchedule": "polyrl.step.schedule:SynchronousSchedule",
+    "SyncWeightsStage": "polyrl.step.stages:SyncWeightsStage",
     # the batch
     "Batch": "polyrl.batch:Batch",
     # the step: stages, the pipeline, batch keys and stage names
@@ -171,10 +179,11 @@ if TYPE_CHECKING:
     from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
     from polyrl.algorithms.policy_loss import clip_ratios, clipped_surrogate
     from polyrl.batch import Batch
-    from polyrl.config.checks import role_world
+    from polyrl.config.checks import pool_of, role_world
     from polyrl.config.checks.batches import check_ppo_batches
     from polyrl.config.checks.checker import Checker, get, is_positive_int
     from polyrl.config.checks.model import looks_local
+    from polyrl.config.checks.off_policy import TIS_CAP_KEY, tis_enabled
     from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
     from polyrl.config.keys import plugin_settings
     from polyrl.config.nodes import schema_node
@@ -212,9 +221,12 @@ if TYPE_CHECKING:
         policy_gradient_pipeline,
     )
     from polyrl.step.minibatch import MiniBatchPlan, plan_minibatches
+    from polyrl.step.saved_state import load_step_state, save_step_state
+    from polyrl.step.schedule import SynchronousSchedule
     from polyrl.step.stages import (
         MODEL_INPUT_KEYS,
         RefLogProbStage,
+        SyncWeightsStage,
         UpdateActorStage,
         generate,
         score_responses,
@@ -237,6 +249,7 @@ __all__ = [
     "POLICY_LOSS_KEYS",
     "PROMPT_BATCH_KEYS",
     "SEED_STRIDE",
+    "TIS_CAP_KEY",
     "TRUNCATION_MODES",
     "AdvantageEstimatorFn",
     "AdvantageEstimatorSpec",
@@ -280,10 +293,13 @@ __all__ = [
     "SafeFileSystemReader",
     "SamplingParams",
     "SandboxLimits",
+    "ScheduleSpec",
     "Stage",
     "StepContext",
     "StepPipeline",
     "StepState",
+    "SyncWeightsStage",
+    "SynchronousSchedule",
     "TrainingData",
     "TrainingEngine",
     "TrainingEngineSpec",
@@ -310,6 +326,7 @@ __all__ = [
     "hookimpl",
     "is_positive_int",
     "load_plain",
+    "load_step_state",
     "looks_local",
     "lora_problems",
     "lora_rank",
@@ -323,6 +340,7 @@ __all__ = [
     "plan_minibatches",
     "plugin_settings",
     "policy_gradient_pipeline",
+    "pool_of",
     "position_ids_for",
     "read_parquet",
     "resolve_model_path",
@@ -330,6 +348,7 @@ __all__ = [
     "role_world",
     "rollout_node",
     "run_program",
+    "save_step_state",
     "schema_config",
     "schema_node",
     "score_responses",
@@ -339,6 +358,7 @@ __all__ = [
     "strip_left_padding",
     "target_modules",
     "tensor_parallel_mesh",
+    "tis_enabled",
     "to_float_metrics",
     "train_on_plan",
     "training_data_from_files",

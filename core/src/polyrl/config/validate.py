@@ -137,7 +137,7 @@ def _step_lines(cfg: DictConfig, registry: Registry) -> list[str]:
         "step:",
         pipeline.describe(),
         f"placement: {placement.describe_placement(cfg, roles)}",
-        off_policy.describe_schedule(cfg, pipeline),
+        off_policy.describe_schedule(cfg, pipeline, plan.schedule),
         *plan.describe_plugins(),
         *plan.describe_pools(),
     ]

@@ -1,9 +1,9 @@
 """A step's state in a file: how a checkpoint keeps the batch generated ahead of its step.
 
-One-step off-policy training (:mod:`polyrl.step.one_step_off`) has the next step's samples in
-hand when a checkpoint is written; they were drawn by a policy the checkpoint no longer holds, so
-they cannot be regenerated on resume. The file holds tensors and plain Python data only (numpy
-values become Python ones), so it loads with ``torch.load(weights_only=True)``
+One-step off-policy training (``polyrl_schedule_offpolicy.one_step_off``) has the next step's
+samples in hand when a checkpoint is written; they were drawn by a policy the checkpoint no longer
+holds, so they cannot be regenerated on resume. The file holds tensors and plain Python data only
+(numpy values become Python ones), so it loads with ``torch.load(weights_only=True)``
 (:func:`polyrl.safe_load.load_plain`): a checkpoint file never runs code.
 """
 

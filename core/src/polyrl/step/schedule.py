@@ -1,13 +1,14 @@
-"""How the trainer turns its steps into pipeline runs (``trainer.async_mode``).
+"""How the trainer turns its steps into pipeline runs: the schedule plugin that
+``trainer.async_mode`` selects (:class:`polyrl.specs.ScheduleSpec`).
 
 A schedule owns the order of the work around the pipeline: when a step's batch is drawn and
 generated, and which policy generated it. The trainer only says which step to run and when it
 validates or checkpoints; it never branches on the mode.
 
-- ``sync`` (:class:`SynchronousSchedule`): each step draws its prompts and runs the whole
+- ``sync`` (:class:`SynchronousSchedule`, core): each step draws its prompts and runs the whole
   pipeline; the samples come from the weights of the previous step's update (on-policy).
-- ``one_step_off`` (:class:`polyrl.step.one_step_off.OneStepOffSchedule`): the next step's
-  samples are generated while this step trains.
+- ``one_step_off`` (``polyrl-schedule-offpolicy``): the next step's samples are generated while
+  this step trains.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SynchronousSchedule:
     """Draw the step's batch, run the pipeline on it: generation, training and weight sync in
     order, so every sample comes from the policy being updated."""
 
-    def __init__(self, pipeline: StepPipeline) -> None:
+    def __init__(self, cfg: Any, pipeline: StepPipeline) -> None:
         self.pipeline = pipeline
 
     def run(self, step: int, ctx: StepContext, *, prefetch_next: bool) -> StepState:
@@ -55,11 +56,11 @@ class SynchronousSchedule:
         """Nothing to restore beyond what the trainer restores."""
 
 
-def make_schedule(cfg: Any, pipeline: StepPipeline) -> StepSchedule:
-    """The schedule ``trainer.async_mode`` selects for ``pipeline`` (checked by
-    :mod:`polyrl.config.checks.off_policy`; a pipeline that cannot run off-policy raises)."""
-    if str(cfg.trainer.async_mode) == "one_step_off":
-        from polyrl.step.one_step_off import OneStepOffSchedule
+def describe_sync(cfg: Any, pipeline: StepPipeline) -> str:
+    return "generate, train, sync the weights, every step"
 
-        return OneStepOffSchedule(pipeline)
-    return SynchronousSchedule(pipeline)
+
+def make_schedule(cfg: Any, pipeline: StepPipeline, schedule: Any) -> StepSchedule:
+    """The schedule the run plan selected (``schedule``: its registration) for ``pipeline``,
+    built by its plugin (a pipeline that cannot run that way raises)."""
+    return schedule.load()(cfg, pipeline)

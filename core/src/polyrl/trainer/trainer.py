@@ -180,7 +180,7 @@ class RLTrainer:
             RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
         )
         self.pipeline = plan.pipeline
-        self.schedule = make_schedule(cfg, self.pipeline)
+        self.schedule = make_schedule(cfg, self.pipeline, self.plan.schedule)
 
         self.checkpoints = CheckpointManager(self.output_dir, cfg.trainer.max_actor_ckpt_to_keep)
         self.checkpoints.clean_stale()
@@ -385,7 +385,7 @@ class RLTrainer:
             self.workers.shutdown()
         self.checkpoints.clean_stale()  # the lost workers' half-written save
         self.resume_from = self.checkpoints.newest_of_run() or self._first_resume_from
-        self.schedule = make_schedule(self.cfg, self.pipeline)
+        self.schedule = make_schedule(self.cfg, self.pipeline, self.plan.schedule)
         self._start_workers()
         if self.resume_from is None:
             assert self._start_state is not None

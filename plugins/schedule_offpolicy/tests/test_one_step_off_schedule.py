@@ -12,18 +12,24 @@ import numpy as np
 import pytest
 import torch
 
-from polyrl.batch import Batch
-from polyrl.errors import ConfigError
-from polyrl.step import Stage, StepContext, StepPipeline, StepState
-from polyrl.step.one_step_off import (
+from polyrl.api import (
+    Batch,
+    ConfigError,
+    Stage,
+    StepContext,
+    StepPipeline,
+    StepState,
+    SynchronousSchedule,
+    SyncWeightsStage,
+    load_step_state,
+    save_step_state,
+)
+from polyrl_schedule_offpolicy.one_step_off import (
     OneStepOffSchedule,
     StalenessError,
     split_step,
     staleness_metrics,
 )
-from polyrl.step.saved_state import load_step_state, save_step_state
-from polyrl.step.schedule import SynchronousSchedule
-from polyrl.step.stages import SyncWeightsStage
 
 WAIT_S = 10.0
 
@@ -134,7 +140,7 @@ def trained(roles: FakeRoles) -> list[tuple[Any, ...]]:
 
 def test_each_step_trains_on_samples_of_the_previous_policy() -> None:
     roles, prompts = FakeRoles(), Prompts()
-    schedule = OneStepOffSchedule(pipeline())
+    schedule = OneStepOffSchedule(None, pipeline())
     states = run_steps(schedule, context(roles, prompts), range(1, 5), last=4)
     # step k trains version k-1 on samples of version k-2 (the first step: its own).
     assert trained(roles) == [
@@ -155,7 +161,7 @@ def test_each_step_trains_on_samples_of_the_previous_policy() -> None:
 
 def test_the_synchronous_schedule_trains_on_policy() -> None:
     roles = FakeRoles()
-    run_steps(SynchronousSchedule(pipeline()), context(roles, Prompts()), range(1, 4), last=3)
+    run_steps(SynchronousSchedule(None, pipeline()), context(roles, Prompts()), range(1, 4), last=3)
     assert trained(roles) == [(1, [0, 1], [0, 0]), (2, [2, 3], [1, 1]), (3, [4, 5], [2, 2])]
 
 
@@ -163,7 +169,7 @@ def test_generation_of_the_next_step_runs_while_this_step_trains() -> None:
     # Generation of step k+1 waits until the update of step k is under way: run one after the
     # other this would time out.
     gate, roles = threading.Event(), FakeRoles()
-    schedule = OneStepOffSchedule(pipeline(gate))
+    schedule = OneStepOffSchedule(None, pipeline(gate))
     run_steps(schedule, context(roles, Prompts()), range(1, 4), last=3)
     threads = {e[1]: e[3] for e in roles.events if e[0] == "gen"}
     assert threads[1] == threading.current_thread().name
@@ -172,7 +178,7 @@ def test_generation_of_the_next_step_runs_while_this_step_trains() -> None:
 
 def test_validation_sees_the_actor_just_trained() -> None:
     roles = FakeRoles()
-    schedule = OneStepOffSchedule(pipeline())
+    schedule = OneStepOffSchedule(None, pipeline())
     ctx = context(roles, Prompts())
     run_steps(schedule, ctx, range(1, 3), last=4)
     assert roles.rollout == 1 and roles.actor == 2
@@ -184,12 +190,12 @@ def test_validation_sees_the_actor_just_trained() -> None:
 
 def test_a_checkpoint_holds_the_batch_generated_ahead(tmp_path: Path) -> None:
     straight_roles = FakeRoles()
-    straight = OneStepOffSchedule(pipeline())
+    straight = OneStepOffSchedule(None, pipeline())
     run_steps(straight, context(straight_roles, Prompts()), range(1, 5), last=4)
 
     # Steps 1-2 of a run that checkpoints after step 2: the trainer has it prefetch step 3.
     roles, prompts = FakeRoles(), Prompts()
-    first = OneStepOffSchedule(pipeline())
+    first = OneStepOffSchedule(None, pipeline())
     ctx = context(roles, prompts)
     first.run(1, ctx, prefetch_next=True)
     first.run(2, ctx, prefetch_next=True)
@@ -198,7 +204,7 @@ def test_a_checkpoint_holds_the_batch_generated_ahead(tmp_path: Path) -> None:
 
     # A fresh process: the actor restored at version 2, the rollout at whatever it loaded.
     resumed_roles = FakeRoles(actor=2, rollout=0)
-    resumed = OneStepOffSchedule(pipeline())
+    resumed = OneStepOffSchedule(None, pipeline())
     resumed.load(str(tmp_path), driver_state)
     resumed_prompts = Prompts()
     resumed_prompts.position = prompts.position
@@ -214,7 +220,7 @@ def test_a_generation_failure_surfaces_in_the_next_step() -> None:
             super().run(state, ctx)
 
     schedule = OneStepOffSchedule(
-        StepPipeline([Failing(), Train(), SyncWeightsStage()], initial_keys=())
+        None, StepPipeline([Failing(), Train(), SyncWeightsStage()], initial_keys=())
     )
     ctx = context(FakeRoles(), Prompts())
     schedule.run(1, ctx, prefetch_next=True)
