@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,12 +22,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 PACKAGES = ("polyrl_fixture_good", "polyrl_fixture_broken", "polyrl_fixture_clash")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding the three fixture distributions, installed by pip (wheels built)."""
-    root = tmp_path_factory.mktemp("fixture_plugins")
+def install(root: Path, packages: tuple[str, ...]) -> Path:
+    """Install the fixture distributions ``packages`` with pip (wheels built) into a folder of
+    ``root``; returns that folder."""
     sources = []
-    for package in PACKAGES:  # build from copies: pip builds in-tree and leaves build/ behind
+    for package in packages:  # build from copies: pip builds in-tree and leaves build/ behind
         shutil.copytree(FIXTURES / package, root / "src" / package)
         sources.append(str(root / "src" / package))
     target = root / "site"
@@ -37,6 +37,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return target
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the three fixture distributions."""
+    return install(tmp_path_factory.mktemp("fixture_plugins"), PACKAGES)
 
 
 def polyrl(
@@ -207,3 +213,61 @@ def test_polyrl_plugins_env_limits_loading_by_package(site: Path) -> None:
 def test_disable_autoload_env_leaves_only_builtins(site: Path) -> None:
     listed = rows(site, env={"POLYRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert {r["package"] for r in listed} == {"polyrl"}
+
+
+# ---- plugins whose module exits, interrupts or blocks at import --------------------------------
+HOSTILE = {  # fixture package -> what `polyrl plugins` says about it
+    "polyrl_fixture_exits": "SystemExit: 3 (the module calls sys.exit while it is imported)",
+    "polyrl_fixture_interrupts": "KeyboardInterrupt (raised by the module itself",
+    "polyrl_fixture_hangs": "did not finish importing within 20 s and was abandoned",
+}
+FAST_ABANDON = {"POLYRL_PLUGIN_DISCOVERY_TIMEOUT_S": "2"}
+
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install(tmp_path_factory.mktemp("hostile_plugins"), tuple(HOSTILE))
+
+
+def test_plugins_lists_a_module_that_exits_interrupts_or_blocks_as_broken_and_exits_0(
+    hostile_site: Path,
+) -> None:
+    """With the default bound: the blocking import is abandoned, the listing goes on."""
+    start = time.monotonic()
+    done = polyrl(hostile_site, "plugins")
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert elapsed < 30
+    for package, reason in HOSTILE.items():
+        line = next(x for x in done.stdout.splitlines() if package.replace("_", "-") in x)
+        assert reason in line, line
+    assert "import blocked" in done.stdout and "pip uninstall polyrl-fixture-hangs" in done.stdout
+    assert "console" in done.stdout  # the healthy registrations are still listed
+
+
+def test_a_run_not_selecting_them_validates_without_a_word_about_them(hostile_site: Path) -> None:
+    done = polyrl(hostile_site, "validate", "recipe=tiny", env=FAST_ABANDON)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "config OK" in done.stdout
+    assert "fixture" not in done.stdout + done.stderr
+
+
+def test_a_run_not_selecting_them_trains(hostile_site: Path, tmp_path: Path) -> None:
+    start = time.monotonic()
+    done = polyrl(hostile_site, "train", "recipe=tiny", f"trainer.default_local_dir={tmp_path}",
+                  "trainer.total_training_steps=1", "trainer.val_before_train=false",
+                  env=FAST_ABANDON)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert (tmp_path / "global_step_1").is_dir()
+    assert "fixture" not in done.stderr
+    # the workers inherit the abandoned import and skip it instead of waiting out the bound
+    assert time.monotonic() - start < 60
+
+
+def test_selecting_a_name_they_may_provide_is_one_line_naming_them(hostile_site: Path) -> None:
+    done = polyrl(hostile_site, "validate", "recipe=tiny",
+                  "trainer.logger=[console,fixture_hangs_logger]", env=FAST_ABANDON)  # fmt: skip
+    assert done.returncode == 1
+    [line] = [x for x in done.stderr.splitlines() if "fixture_hangs_logger" in x]
+    assert "may provide it" in line
+    assert all(package.replace("_", "-") in line for package in HOSTILE)

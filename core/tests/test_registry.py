@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import types
 from importlib import metadata
 
@@ -10,6 +12,7 @@ import pytest
 
 from polyrl import hookimpl
 from polyrl import registry as registry_module
+from polyrl.plugin_import import ABANDONED_ENV, DISCOVERY_TIMEOUT_ENV
 from polyrl.registry import (
     PluginBrokenError,
     PluginConflictError,
@@ -263,6 +266,92 @@ def test_polyrl_plugins_limits_loading_to_a_list(monkeypatch) -> None:
     names = registry.names(PluginKind.LOGGER)
     assert "log_b" in names and "log_a" not in names
     assert [b.plugin for b in registry.broken] == ["plug_bad"]
+
+
+HOSTILE_MODULES = {  # module source -> the error its plugin is listed with
+    "import sys\nsys.exit(3)\n": "SystemExit: 3 (the module calls sys.exit while it is imported)",
+    "raise KeyboardInterrupt\n": "KeyboardInterrupt (raised by the module itself while it is "
+    "imported)",
+    "import time\ntime.sleep(3600)\n": "import blocked: importing 'regtest_hostile_2' of package "
+    "unknown did not finish importing within 0.5 s and was abandoned",
+}
+
+
+@pytest.fixture
+def hostile_entry_points(tmp_path, monkeypatch):
+    """Entry points whose modules exit, interrupt and block at import, then a good one."""
+    eps = []
+    for i, source in enumerate([*HOSTILE_MODULES, "X = 1\n"]):
+        (tmp_path / f"regtest_hostile_{i}.py").write_text(source)
+        eps.append(metadata.EntryPoint(f"hostile_{i}", f"regtest_hostile_{i}", "polyrl"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry_module.metadata, "entry_points", lambda group: eps)
+    monkeypatch.delenv("POLYRL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("POLYRL_PLUGINS", raising=False)
+    monkeypatch.setenv(ABANDONED_ENV, "")  # restored after the test: discover() writes it
+    monkeypatch.setenv(DISCOVERY_TIMEOUT_ENV, "0.5")
+    yield
+    for i in range(len(eps)):
+        sys.modules.pop(f"regtest_hostile_{i}", None)
+
+
+@pytest.mark.usefixtures("hostile_entry_points")
+def test_a_module_that_exits_interrupts_or_blocks_at_import_is_broken_not_fatal() -> None:
+    start = time.monotonic()
+    registry = discover()
+    assert time.monotonic() - start < 5
+    assert [(b.plugin, b.error.split(";")[0]) for b in registry.broken] == [
+        (f"hostile_{i}", error) for i, error in enumerate(HOSTILE_MODULES.values())
+    ]
+    assert "pip uninstall unknown" in registry.broken[2].error
+    assert "console" in registry.names(PluginKind.LOGGER)
+
+
+@pytest.mark.usefixtures("hostile_entry_points")
+def test_an_abandoned_import_is_skipped_at_once_by_the_processes_started_after_it() -> None:
+    discover()
+    assert os.environ[ABANDONED_ENV] == "regtest_hostile_2"
+    sys.modules.pop("regtest_hostile_2", None)
+    start = time.monotonic()
+    [*_, blocked] = discover().broken
+    assert time.monotonic() - start < 0.4  # no wait for the bound this time
+    assert "did not finish in the process that started this one" in blocked.error
+
+
+def test_a_hook_that_exits_or_blocks_marks_its_plugin_broken(monkeypatch) -> None:
+    monkeypatch.setenv(DISCOVERY_TIMEOUT_ENV, "0.5")
+    exits, blocks = types.ModuleType("exits"), types.ModuleType("blocks")
+
+    @hookimpl
+    def polyrl_loggers():
+        sys.exit(4)
+
+    @hookimpl
+    def polyrl_policy_losses():
+        time.sleep(3600)
+
+    exits.polyrl_loggers, blocks.polyrl_policy_losses = polyrl_loggers, polyrl_policy_losses
+    registry = _registry((exits, "pkg-exits", "1"), (blocks, "pkg-blocks", "1"))
+    assert registry.broken[0].error.startswith("SystemExit: 4")
+    assert registry.broken[1].error.startswith(
+        "import blocked: its hook polyrl_policy_losses of package pkg-blocks did not finish"
+    )
+
+
+def test_an_implementation_that_exits_at_import_is_a_problem_line(tmp_path, monkeypatch) -> None:
+    (tmp_path / "regtest_exiting_impl.py").write_text("import sys\nsys.exit(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = LoggerSpec(name="bye", description="d", logger="regtest_exiting_impl:Logger")
+    registry = _registry((plugin_from_specs(spec), "pkg-bye", "1"))
+    try:
+        problem = registry.get(PluginKind.LOGGER, "bye").implementation_problem()
+    finally:
+        sys.modules.pop("regtest_exiting_impl", None)
+    assert problem == (
+        "logger 'bye' from package pkg-bye 1 failed to load: SystemExit: 5 (the module calls "
+        "sys.exit while it is imported). Reinstall it or install its missing dependencies "
+        "(pip install 'pkg-bye')."
+    )
 
 
 def test_polyrl_plugins_matches_distribution_names(monkeypatch) -> None:

@@ -4,10 +4,13 @@ Discovery loads every entry point of the group ``polyrl`` (plus polyrl's own bui
 register through the same hooks) in whichever process asks: the driver and each Ray worker call
 :func:`get_registry` themselves. A plugin that fails to import, or whose hook raises, is recorded
 as broken with its error instead of breaking unrelated commands; the error is shown when a user
-selects one of its names and in ``polyrl plugins``. An installed package that looks like a plugin
-(named ``polyrl-*``, or depending on polyrl) but has no entry point in the group is recorded too
-(:attr:`Registry.silent_packages`, read from package metadata on first use), so that ``polyrl
-plugins``, ``polyrl doctor`` and an "unknown name" error can say what its pyproject lacks.
+selects one of its names and in ``polyrl plugins``. That includes a module that calls
+``sys.exit`` or raises ``KeyboardInterrupt`` while it imports, and one whose import blocks: it is
+abandoned after ``POLYRL_PLUGIN_DISCOVERY_TIMEOUT_S`` (see :mod:`polyrl.plugin_import`).
+An installed package that looks like a plugin (named ``polyrl-*``, or depending on polyrl) but
+has no entry point in the group is recorded too (:attr:`Registry.silent_packages`, read from
+package metadata on first use), so that ``polyrl plugins``, ``polyrl doctor`` and an "unknown
+name" error can say what its pyproject lacks.
 
 Environment variables (read at discovery time):
 
@@ -15,6 +18,9 @@ Environment variables (read at discovery time):
     load no installed plugin packages, only polyrl's built-ins (tests, debugging).
 ``POLYRL_PLUGINS=name1,name2``
     load only these entry points (by entry-point name or distribution name).
+``POLYRL_PLUGIN_DISCOVERY_TIMEOUT_S=20``
+    how long a plugin's entry-point module (or light implementation) may take to import before
+    it is abandoned and the plugin listed as broken.
 """
 
 from __future__ import annotations
@@ -35,6 +41,16 @@ import pluggy
 
 from polyrl import hookspecs
 from polyrl.errors import PolyrlError
+from polyrl.plugin_import import (
+    DISCOVERY_TIMEOUT_ENV,
+    PluginCodeRaised,
+    PluginImportBlocked,
+    abandoned_imports,
+    describe,
+    discovery_timeout_s,
+    record_abandoned,
+    run_bounded,
+)
 from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, UNRELEASED_PACKAGES, PluginKind
 from polyrl.watchdog import IMPORT_TIMEOUT_ENV, deadline, import_timeout_s
 
@@ -126,16 +142,29 @@ class Registration:
         """None when the implementation resolves, else why not (one line).
 
         Light kinds (estimators, losses, rewards, loggers, algorithms) are loaded as
-        :meth:`load` does, with the plugin import timeout. Heavy kinds (:data:`HEAVY_KINDS`:
-        their import pulls torch, vLLM, Megatron ...) are only located unless ``import_heavy``.
+        :meth:`load` does, in a thread abandoned after the discovery bound (their modules must
+        stay light), so that whatever they do cannot end or hold the listing. Heavy kinds
+        (:data:`HEAVY_KINDS`: their import pulls torch, vLLM, Megatron ...) are only located
+        unless ``import_heavy``, and then loaded by :meth:`load` itself.
         """
         located = self.locate_problem()
         if located or (self.kind in HEAVY_KINDS and not import_heavy):
             return located
         try:
-            self.load()
+            if self.kind in HEAVY_KINDS:
+                self.load()
+            else:
+                run_bounded(self.load, discovery_timeout_s())
         except PluginBrokenError as exc:
             return " ".join(str(exc).split())
+        except PluginCodeRaised as exc:
+            return " ".join(str(exc.cause).split())
+        except PluginImportBlocked as exc:
+            return (
+                f"loading its implementation {self.target!r} from package "
+                f"{self.provenance.distribution} {exc}, so it was abandoned: fix or reinstall "
+                f"it, or raise {DISCOVERY_TIMEOUT_ENV} if it is only slow"
+            )
         return None
 
     def load(self) -> Any:
@@ -149,10 +178,10 @@ class Registration:
                 import_timeout_s(),
             ):
                 return self.spec.load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a module's own sys.exit is a failure to load
             raise PluginBrokenError(
                 f"{self.kind.value} {self.name!r} from package {self.provenance.distribution} "
-                f"{self.provenance.version} failed to load: {type(exc).__name__}: {exc}. "
+                f"{self.provenance.version} failed to load: {describe(exc)}. "
                 f"Reinstall it or install its missing dependencies "
                 f"(pip install '{self.provenance.distribution}')."
             ) from exc
@@ -302,9 +331,14 @@ class Registry:
                 if impl.plugin is not module:
                     continue
                 try:
-                    specs = list(impl.function() or ())
+                    specs = run_bounded(
+                        lambda function=impl.function: list(function() or ()),
+                        discovery_timeout_s(),
+                    )
                     for spec in specs:
                         self._add_spec(kind, spec, provenance)
+                except PluginImportBlocked as exc:
+                    self._mark_broken_blocked(provenance, f"its hook {hook_name}", exc)
                 except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
                     self._mark_broken(provenance, exc)
 
@@ -318,13 +352,32 @@ class Registry:
         self.registrations[kind][spec.name].append(Registration(kind, spec, provenance))
 
     def _mark_broken(self, provenance: Provenance, exc: BaseException) -> None:
+        if isinstance(exc, PluginCodeRaised):
+            exc = exc.cause
         self.broken.append(
             BrokenPlugin(
                 plugin=provenance.plugin,
                 distribution=provenance.distribution,
                 version=provenance.version,
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe(exc),
                 traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+
+    def _mark_broken_blocked(self, provenance: Provenance, what: str, why: object) -> None:
+        """Record a plugin whose code blocked (``why`` says for how long) and was abandoned."""
+        distribution = provenance.distribution
+        self.broken.append(
+            BrokenPlugin(
+                plugin=provenance.plugin,
+                distribution=distribution,
+                version=provenance.version,
+                error=(
+                    f"import blocked: {what} of package {distribution} {why} and was abandoned; "
+                    f"fix or uninstall it (pip uninstall {distribution}), or raise "
+                    f"{DISCOVERY_TIMEOUT_ENV} if it is only slow"
+                ),
+                traceback="",
             )
         )
 
@@ -467,15 +520,19 @@ def discover() -> Registry:
             continue
         seen.add((entry_point.name, distribution))
         provenance = Provenance(entry_point.name, distribution, version)
+        what = f"importing {entry_point.value!r}"
+        if entry_point.value in abandoned_imports():
+            registry._mark_broken_blocked(
+                provenance, what, "did not finish in the process that started this one"
+            )
+            continue
         try:
-            with deadline(
-                f"importing plugin {entry_point.value!r} of package {distribution}",
-                f"that module blocks at import: fix or uninstall {distribution} (pip uninstall "
-                f"{distribution}), or select plugins with POLYRL_PLUGINS",
-                import_timeout_s(),
-            ):
-                module = entry_point.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            module = run_bounded(entry_point.load, discovery_timeout_s())
+        except PluginImportBlocked as exc:
+            record_abandoned(entry_point.value)
+            registry._mark_broken_blocked(provenance, what, exc)
+            continue
+        except PluginCodeRaised as exc:
             registry._mark_broken(provenance, exc)
             continue
         registry.add_plugin(module, provenance)

@@ -3,9 +3,11 @@ opens a network connection or waits on a lock at import) holds the import lock, 
 can be raised into it. The only bounded answer is to end the process with one line naming what
 blocked, which :func:`deadline` does from a timer thread.
 
-The limit for plugin imports is ``POLYRL_IMPORT_TIMEOUT_S`` (seconds, default 300: importing vLLM
-or DeepSpeed on a loaded machine takes a minute): an environment variable, because plugins are
-imported before the config is composed.
+The limit for importing a plugin's heavy implementation (an engine) is ``POLYRL_IMPORT_TIMEOUT_S``
+(seconds, default 300: importing vLLM or DeepSpeed on a loaded machine takes a minute): an
+environment variable, because plugins are imported before the config is composed. Plugin
+entry-point modules and light implementations are imported with a shorter bound that abandons the
+import instead of ending the process (:mod:`polyrl.plugin_import`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ EXIT_STUCK = 2
 
 
 def import_timeout_s() -> float:
-    """The plugin import limit from ``POLYRL_IMPORT_TIMEOUT_S`` (one line when it is not a
-    positive number)."""
-    text = os.environ.get(IMPORT_TIMEOUT_ENV, "")
+    """The plugin import limit from ``POLYRL_IMPORT_TIMEOUT_S``."""
+    return seconds_from_env(IMPORT_TIMEOUT_ENV, DEFAULT_IMPORT_TIMEOUT_S)
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name``, ``default`` when it
+    is unset (one line when it is not a positive number)."""
+    text = os.environ.get(name, "")
     if not text:
-        return DEFAULT_IMPORT_TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
@@ -35,7 +42,7 @@ def import_timeout_s() -> float:
     if value <= 0:
         from polyrl.errors import ConfigError
 
-        raise ConfigError(f"{IMPORT_TIMEOUT_ENV}={text!r} must be a positive number of seconds")
+        raise ConfigError(f"{name}={text!r} must be a positive number of seconds")
     return value
 
 
