@@ -87,6 +87,7 @@ API_VERSION = "1.0"
 # Names resolved on first access: name -> "module:attribute", or "module" for a module itself.
 # Keep the ``TYPE_CHECKING`` imports below in step (core/tests/test_api_boundary.py checks).
 _LAZY: dict[str, str] = {
+    "following": "polyrl.config.sections:following",
     "load_step_state": "polyrl.step.saved_state:load_step_state",
     "save_step_state": "polyrl.step.saved_state:save_step_state",
     "TIS_CAP_KEY": "polyrl.config.checks.off_policy:TIS_CAP_KEY",
@@ -188,7 +189,7 @@ if TYPE_CHECKING:
     from polyrl.config.keys import plugin_settings
     from polyrl.config.nodes import schema_node
     from polyrl.config.schema import OptimConfig
-    from polyrl.config.sections import schema_config
+    from polyrl.config.sections import following, schema_config
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.training import TrainingData, training_data_from_files
@@ -320,6 +321,7 @@ __all__ = [
     "clipped_surrogate",
     "derive_seed",
     "engine_kwargs_problem",
+    "following",
     "generate",
     "get",
     "get_registry",

@@ -83,10 +83,13 @@ def schema_config(registry: Any = None, problems: list[str] | None = None) -> Di
     return cfg
 
 
-def apply_aliases(overrides: list[str], registry: Any = None) -> list[str]:
-    """``overrides`` with every key that is a declared alias (or lies below an aliased group)
-    written as the key it means; the ``+``/``++``/``~`` prefix is kept."""
-    aliases = key_aliases(registry)
+def apply_aliases(
+    overrides: list[str], registry: Any = None, extra: dict[str, str] | None = None
+) -> list[str]:
+    """``overrides`` with every key that is a declared alias (or lies below an aliased group),
+    or one of ``extra`` (core's), written as the key it means; the ``+``/``++``/``~`` prefix
+    is kept."""
+    aliases = {**key_aliases(registry), **(extra or {})}
     if not aliases:
         return list(overrides)
     rewritten = []
@@ -235,3 +238,15 @@ __all__ = [
     "section_classes",
     "section_problems",
 ]
+
+
+def following(settings: type, path: str, *, except_keys: tuple[str, ...] = ()) -> Any:
+    """An instance of the dataclass ``settings`` whose every field defaults to the same key of
+    the section at ``path`` (``"${path.key}"``), except ``except_keys``: a section that follows
+    another one key by key unless set, as verl's reference and critic follow the actor."""
+    from dataclasses import fields
+
+    values = {
+        f.name: f"${{{path}.{f.name}}}" for f in fields(settings) if f.name not in except_keys
+    }
+    return settings(**values)
