@@ -30,13 +30,17 @@ PROMPTS = ["What is 3 + 4?", "Hi", "The answer is"]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def make_engine(path, *, static="false", device="cpu", dtype="float32", micro_batch_size=64):
+def make_engine(
+    path, *, static="false", device="cpu", dtype="float32", micro_batch_size=64, continuous="false"
+):
+    """The engine with continuous batching off unless asked for: these tests are about the
+    chunked static path (tests/test_continuous.py covers the other)."""
     ctx = RolloutContext(
         model_path=path,
         config={
             "dtype": dtype,
             "micro_batch_size": micro_batch_size,
-            "engine_kwargs": {"hf": {"static_cache": static}},
+            "engine_kwargs": {"hf": {"static_cache": static, "continuous_batching": continuous}},
         },
         device=device,
         rank=0,

@@ -30,8 +30,14 @@ from polyrl.api import (
     SamplingParams,
     schema_node,
 )
+from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
 from polyrl_rollout_hf.sampling import pick_tokens
-from polyrl_rollout_hf.static_decode import StaticDecodePool, unsupported_reason
+from polyrl_rollout_hf.static_decode import (
+    MIN_LENGTH_BUCKET,
+    StaticDecodePool,
+    bucket,
+    unsupported_reason,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +101,12 @@ class HFRolloutEngine(RolloutEngine):
     for exact tests), ``micro_batch_size`` (rows, i.e. prompts x n, per forward batch) and
     ``engine_kwargs.hf``: ``static_cache`` (``auto``: the static-cache decode step on CUDA, the
     eager one on CPU; ``true``/``false`` force it) and ``cuda_graphs`` (``true``: replay the
-    static decode step as a CUDA graph on CUDA; ``false`` runs it eagerly, for debugging).
+    static decode step as a CUDA graph on CUDA; ``false`` runs it eagerly, for debugging),
+    ``continuous_batching`` (``auto``: on wherever the static cache is; ``true`` turns the static
+    cache on too) and ``kv_cache_memory_bytes`` (vLLM's name: the decode slots' memory budget;
+    unset, it is ``gpu_memory_utilization`` x the GPU's memory less what this process holds on
+    CUDA, and no budget on CPU). With continuous batching ``micro_batch_size`` caps the decode
+    slots (vLLM's ``max_num_seqs``) and the budget may lower it.
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
     """
 
@@ -134,8 +145,15 @@ class HFRolloutEngine(RolloutEngine):
         self.static_decode: StaticDecodePool | None = None
         wanted = _tri_state("static_cache", engine_option(config, "static_cache", "auto"))
         graphs = _tri_state("cuda_graphs", engine_option(config, "cuda_graphs", True))
+        continuous = _tri_state(
+            "continuous_batching", engine_option(config, "continuous_batching", "auto")
+        )
         if wanted is None:
-            wanted = self.device.type == "cuda"
+            wanted = self.device.type == "cuda" or continuous is True
+        self.continuous = continuous is not False
+        self.kv_budget_bytes = _budget_bytes(engine_option(config, "kv_cache_memory_bytes", None))
+        self.gpu_memory_utilization = float(getattr(config, "gpu_memory_utilization", 0.5))
+        self._slots_by_length: dict[int, int] = {}
         if wanted:
             reason = unsupported_reason(self.model)
             if reason is None:
@@ -168,17 +186,24 @@ class HFRolloutEngine(RolloutEngine):
             self._new_generator(int(params.seed)) if params.seed is not None else self._generator
         )
 
-        responses, masks, log_probs = [], [], []
-        # Chunks hold whole prompts (all n samples of each), so every prompt is prefilled once.
-        prompts_per_chunk = max(1, self.micro_batch_size // n)
-        for start in range(0, input_ids.shape[0], prompts_per_chunk):
-            stop = start + prompts_per_chunk
-            chunk = self._sample(
-                input_ids[start:stop], prompt_mask[start:stop], n, params, stop_ids, generator
-            )
-            responses.append(chunk[0])
-            masks.append(chunk[1])
-            log_probs.append(chunk[2])
+        if self.continuous and self.static_decode is not None:
+            everything = (input_ids, prompt_mask, n, params, stop_ids, generator)
+            chunks = [self._sample_continuous(*everything)]
+        else:
+            # Chunks hold whole prompts (all n samples of each): every prompt is prefilled once.
+            prompts_per_chunk = max(1, self.micro_batch_size // n)
+            chunks = [
+                self._sample(
+                    input_ids[start : start + prompts_per_chunk],
+                    prompt_mask[start : start + prompts_per_chunk],
+                    n,
+                    params,
+                    stop_ids,
+                    generator,
+                )
+                for start in range(0, input_ids.shape[0], prompts_per_chunk)
+            ]
+        responses, masks, log_probs = zip(*chunks, strict=True)
         responses_t = torch.cat(responses).cpu()
         response_mask = torch.cat(masks).cpu().to(prompt_mask.dtype)
         attention_mask = torch.cat([rows_mask.cpu(), response_mask], dim=1)
@@ -197,6 +222,29 @@ class HFRolloutEngine(RolloutEngine):
         )
         return out
 
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> Prefill:
+        """One forward pass over prompts ``ids``/``mask [P, Lp]`` into a DynamicCache, trimmed of
+        the columns that are left padding in every row (they cost compute and change nothing)."""
+        from transformers import DynamicCache
+
+        ids = ids.to(self.device)
+        mask = mask.to(self.device).long()
+        used = mask.any(dim=0).nonzero()
+        first = int(used[0]) if used.numel() else 0
+        ids, mask = ids[:, first:], mask[:, first:]
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        extra = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+        return Prefill(cache, out.logits[:, -1, :], mask, positions[:, -1:])
+
     @torch.inference_mode()
     def _sample(
         self,
@@ -210,41 +258,69 @@ class HFRolloutEngine(RolloutEngine):
         """Responses, response masks and log-probs ``[prompts * n, max_new_tokens]`` for one
         chunk of prompts. Each prompt is prefilled once; its KV cache and last logits are then
         repeated for its ``n`` samples (the prefill is most of the work for short responses)."""
-        from transformers import DynamicCache
-
         rows, max_new = ids.shape[0] * n, int(params.max_new_tokens)
-        pad = int(self.ctx.pad_token_id)
-        ids = ids.to(self.device)
-        mask = mask.to(self.device).long()
-        # Columns that are left padding in every row of this chunk cost compute and change nothing.
-        used = mask.any(dim=0).nonzero()
-        first = int(used[0]) if used.numel() else 0
-        ids, mask = ids[:, first:], mask[:, first:]
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-
-        cache = DynamicCache(config=self.model.config)
-        extra = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            **extra,
-        )
-        logits = out.logits[:, -1, :]
+        prefill = self._prefill(ids, mask)
+        logits = prefill.logits
         if n > 1:
             logits = logits.repeat_interleave(n, dim=0)
         if max_new == 1:
             step_fn = None
         elif self.static_decode is not None:
-            decoder = self.static_decode.get(rows, ids.shape[1] + max_new)
-            decoder.load(cache, mask, positions[:, -1:], n)
-            del cache, out
+            decoder = self.static_decode.get(rows, prefill.mask.shape[1] + max_new)
+            decoder.load(prefill.cache, prefill.mask, prefill.last_positions, n)
             step_fn = decoder.step
         else:
-            step_fn = self._eager_step(cache, mask, positions, n)
+            positions = (prefill.mask.cumsum(dim=1) - 1).clamp(min=0)
+            step_fn = self._eager_step(prefill.cache, prefill.mask, positions, n)
+        del prefill
+        pad = int(self.ctx.pad_token_id)
         return decode_loop(logits, step_fn, max_new, params, stop_ids, pad, generator, self.device)
+
+    @torch.inference_mode()
+    def _sample_continuous(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        n: int,
+        params: SamplingParams,
+        stop_ids: list[int],
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every sample of the call through the decode slots
+        (:mod:`polyrl_rollout_hf.continuous`)."""
+        used = mask.any(dim=0).nonzero()
+        prompt_len = ids.shape[1] - (int(used[0]) if used.numel() else 0)
+        length = bucket(prompt_len + int(params.max_new_tokens), MIN_LENGTH_BUCKET)
+        ladder = self.static_decode.ladder(self._decode_slots(length), length)
+        batch = ContinuousBatch(
+            ladder, self._prefill, params, stop_ids, int(self.ctx.pad_token_id), generator
+        )
+        return batch.run(ids, mask, n)
+
+    def _decode_slots(self, length: int) -> int:
+        """The decode slots for a cache of ``length`` positions, fixed at the first call of that
+        length (so that later calls reuse its CUDA graphs)."""
+        if length not in self._slots_by_length:
+            slot_bytes = bytes_per_slot(self.model, length)
+            budget, source = self.kv_budget_bytes, "engine_kwargs.hf.kv_cache_memory_bytes"
+            if budget is None and self.device.type == "cuda":
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                held = torch.cuda.memory_allocated(self.device)
+                budget = int(self.gpu_memory_utilization * total) - held
+                source = (
+                    f"actor_rollout_ref.rollout.gpu_memory_utilization={self.gpu_memory_utilization}"
+                    f" of {total / 2**30:.0f} GiB less {held / 2**30:.1f} GiB held"
+                )
+            slots = decode_slots(self.micro_batch_size, slot_bytes, budget, source)
+            if slots < self.micro_batch_size:
+                logger.info(
+                    "hf rollout: %d decode slots of %d positions (the KV budget: %s)",
+                    slots,
+                    length,
+                    source,
+                )
+            self._slots_by_length[length] = slots
+        return self._slots_by_length[length]
 
     def _eager_step(
         self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, n: int
@@ -349,6 +425,22 @@ def decode_loop(
             break
         logits = step(tokens[:, index : index + 1])
     return tokens, response_mask, log_probs
+
+
+def _budget_bytes(value: Any) -> int | None:
+    """``engine_kwargs.hf.kv_cache_memory_bytes``: unset (None), or a positive byte count."""
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1 or isinstance(value, bool):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.engine_kwargs.hf.kv_cache_memory_bytes={value!r}: give "
+            "the decode slots' memory budget in bytes (e.g. 4000000000), or leave it unset"
+        )
+    return number
 
 
 def _check_params(params: SamplingParams) -> None:

@@ -157,7 +157,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _kv_shape(model: torch.nn.Module) -> tuple[int, int]:
+def kv_shape(model: torch.nn.Module) -> tuple[int, int]:
     """(KV heads, head dim) of the model's attention."""
     config = model.config.get_text_config(decoder=True)
     heads = int(config.num_attention_heads)
@@ -174,22 +174,52 @@ class StaticDecoder:
     :meth:`step` feeds one token per row and returns the next logits ``[real_rows, V]``.
     """
 
-    def __init__(self, model: torch.nn.Module, rows: int, length: int, pad_token_id: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rows: int,
+        length: int,
+        pad_token_id: int,
+        *,
+        share: StaticDecoder | None = None,
+    ):
         from transformers import StaticCache
 
         self.model = model
         self.rows, self.length = int(rows), int(length)
         self.pad_token_id = int(pad_token_id)
+        if share is not None and (self.rows > share.rows or self.length != share.length):
+            raise ValueError(
+                f"a {self.rows} x {self.length} decoder cannot view a {share.rows} x "
+                f"{share.length} one"
+            )
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        kv_heads, head_dim = _kv_shape(model)
+        kv_heads, head_dim = kv_shape(model)
         self.cache = StaticCache(config=model.config, max_cache_len=self.length)
         self.cache.early_initialization(
-            batch_size=self.rows, num_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device
+            batch_size=1 if share else self.rows,
+            num_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
         )
-        self.input_ids = torch.full((self.rows, 1), self.pad_token_id, device=device)
-        self.position_ids = torch.zeros((self.rows, 1), dtype=torch.long, device=device)
-        self.mask = torch.zeros((self.rows, 1, 1, self.length), dtype=torch.bool, device=device)
+        # One counter per layer, as views of one tensor: a single fill sets every layer's write
+        # column (the graph's own increments then stay within the step).
+        self.write_column = torch.zeros(len(self.cache.layers), dtype=torch.long, device=device)
+        for index, layer in enumerate(self.cache.layers):
+            layer.cumulative_length = self.write_column[index]
+        if share is None:
+            self.input_ids = torch.full((self.rows, 1), self.pad_token_id, device=device)
+            self.position_ids = torch.zeros((self.rows, 1), dtype=torch.long, device=device)
+            self.mask = torch.zeros((self.rows, 1, 1, self.length), dtype=torch.bool, device=device)
+        else:  # the first rows of another decoder's tensors: moving rows there needs no copy out
+            for layer, theirs in zip(self.cache.layers, share.cache.layers, strict=True):
+                layer.keys, layer.values = theirs.keys[: self.rows], theirs.values[: self.rows]
+                layer.batch_size = self.rows
+            self.input_ids = share.input_ids[: self.rows]
+            self.position_ids = share.position_ids[: self.rows]
+            self.mask = share.mask[: self.rows]
         self.mask2d = self.mask.view(self.rows, self.length)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -213,7 +243,6 @@ class StaticDecoder:
         for layer, source in zip(self.cache.layers, prefill_cache.layers, strict=True):
             for mine, theirs in ((layer.keys, source.keys), (layer.values, source.values)):
                 mine[:real, :, :prompt_len].unflatten(0, (prompts, n)).copy_(theirs.unsqueeze(1))
-            layer.cumulative_length.fill_(prompt_len)
         self.mask2d.zero_()
         self.mask2d[:real, :prompt_len] = prompt_mask.bool().repeat_interleave(n, dim=0)
         self.input_ids.fill_(self.pad_token_id)
@@ -221,13 +250,59 @@ class StaticDecoder:
         self.position_ids[:real] = (last_positions + 1).repeat_interleave(n, dim=0)
         self.real_rows, self.slot = real, prompt_len
 
+    def admit(
+        self,
+        slots: torch.Tensor,
+        prefill_cache: Any,
+        prompt_mask: torch.Tensor,
+        last_positions: torch.Tensor,
+        sources: torch.Tensor,
+    ) -> None:
+        """Put prefilled prompts into free ``slots`` while other rows keep decoding: slot
+        ``slots[i]`` takes prefill row ``sources[i]`` (its KV ``[KV, Lp, D]`` per layer, its
+        ``prompt_mask [Lp]`` and ``last_positions [1]``). The prompt fills the ``Lp`` ring slots
+        just before the next write, so its first token lands right after it, and the row's own
+        span (prompt + new tokens <= ``length``) is not overwritten before the row ends."""
+        prompt_len = prompt_mask.shape[1]
+        if prompt_len >= self.length:
+            raise ValueError(f"{prompt_len} prompt tokens do not fit {self.length} cache slots")
+        start = (self.slot - prompt_len) % self.length
+        pieces = [(start, 0, min(prompt_len, self.length - start))]
+        if pieces[0][2] < prompt_len:  # the span wraps past the last slot
+            pieces.append((0, pieces[0][2], prompt_len - pieces[0][2]))
+        for layer, source in zip(self.cache.layers, prefill_cache.layers, strict=True):
+            for mine, theirs in ((layer.keys, source.keys), (layer.values, source.values)):
+                rows = theirs.index_select(0, sources)
+                for at, offset, size in pieces:
+                    mine[slots, :, at : at + size] = rows[:, :, offset : offset + size]
+        rows_mask = prompt_mask.bool().index_select(0, sources)
+        self.mask2d[slots] = False
+        for at, offset, size in pieces:
+            self.mask2d[slots, at : at + size] = rows_mask[:, offset : offset + size]
+        self.position_ids[slots] = last_positions.index_select(0, sources) + 1
+
+    def move_to_front(self, keep: torch.Tensor) -> None:
+        """Move rows ``keep`` (slot indices) to slots ``0 .. len(keep)-1``, in that order: a
+        decoder of fewer rows viewing this one's tensors then decodes them."""
+        count = keep.numel()
+        for layer in self.cache.layers:
+            layer.keys[:count] = layer.keys.index_select(0, keep)
+            layer.values[:count] = layer.values.index_select(0, keep)
+        self.mask2d[:count] = self.mask2d.index_select(0, keep)
+        self.position_ids[:count] = self.position_ids.index_select(0, keep)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed ``tokens [real_rows, 1]`` at the next slot; the logits ``[real_rows, V]`` after
-        them (a view of the graph's output on CUDA: read it before the next step)."""
-        if self.slot >= self.length:
-            raise RuntimeError(f"static decoder ran past its {self.length} cache slots")
+        them (a view of the graph's output on CUDA: read it before the next step).
+
+        Slots are a ring: past the last one the next step writes slot 0. A call that loads a
+        prompt at slot 0 never wraps (the cache holds prompt + new tokens); the continuous
+        batcher (:mod:`polyrl_rollout_hf.continuous`) places each row's tokens so that a row's
+        own span of at most ``length`` slots is never overwritten."""
+        column = self.slot % self.length
         self.input_ids[: self.real_rows].copy_(tokens)
-        self.mask2d[:, self.slot] = True  # the token written at this slot sees itself
+        self.mask2d[:, column] = True  # the token written at this slot sees itself
+        self.write_column.fill_(column)
         self.slot += 1
         if self.graph is not None:
             with torch.cuda.device(self.input_ids.device):  # replay on the graph's GPU
@@ -254,8 +329,7 @@ class StaticDecoder:
         as CUDA graph capture requires). The cache contents these runs write are dummies:
         :meth:`load` sets every slot a call reads."""
         with torch.cuda.device(self.input_ids.device):  # the engine's GPU, not the current one
-            for layer in self.cache.layers:
-                layer.cumulative_length.zero_()
+            self.write_column.zero_()
             self.mask2d.zero_()
             self.mask2d[:, : warmup + 1] = True
             stream = torch.cuda.Stream()
@@ -264,8 +338,7 @@ class StaticDecoder:
                 for _ in range(warmup):
                     self._forward()
             torch.cuda.current_stream().wait_stream(stream)
-            for layer in self.cache.layers:
-                layer.cumulative_length.zero_()
+            self.write_column.zero_()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self.logits = self._forward()
@@ -294,6 +367,7 @@ class StaticDecodePool:
         self.max_decoders = int(max_decoders)
         self.captures = 0
         self._decoders: OrderedDict[tuple[int, int], StaticDecoder] = OrderedDict()
+        self._ladders: dict[tuple[int, int], list[StaticDecoder]] = {}
         self._addresses: list[int] = []
 
     @staticmethod
@@ -305,33 +379,63 @@ class StaticDecodePool:
         tensors = [*self.model.parameters(), *self.model.buffers()]
         return [t.data_ptr() for t in tensors]
 
+    def _check_weights_in_place(self) -> None:
+        """Drop every graph if the model's weights moved to new storage since the captures."""
+        captured = self.use_graphs and (self._decoders or self._ladders)
+        if captured and self._weight_addresses() != self._addresses:
+            logger.warning(
+                "hf rollout: the model's weights moved to new storage since the CUDA graphs "
+                "were captured; capturing them again (update_weights copies in place and "
+                "does not cause this)"
+            )
+            self.clear()
+
+    def _ready(self, decoder: StaticDecoder) -> StaticDecoder:
+        if self.use_graphs:
+            decoder.capture()
+            self.captures += 1
+            self._addresses = self._weight_addresses()
+        return decoder
+
     def get(self, rows: int, length: int) -> StaticDecoder:
         """A decoder with room for ``rows`` rows and ``length`` cache slots."""
-        if self.use_graphs and self._decoders:
-            addresses = self._weight_addresses()
-            if addresses != self._addresses:
-                logger.warning(
-                    "hf rollout: the model's weights moved to new storage since the CUDA graphs "
-                    "were captured; capturing them again (update_weights copies in place and "
-                    "does not cause this)"
-                )
-                self.clear()
+        self._check_weights_in_place()
         key = self.buckets(rows, length)
         decoder = self._decoders.get(key)
         if decoder is None:
             while len(self._decoders) >= self.max_decoders:
                 self._decoders.popitem(last=False)
-            decoder = StaticDecoder(self.model, *key, self.pad_token_id)
-            if self.use_graphs:
-                decoder.capture()
-                self.captures += 1
-                self._addresses = self._weight_addresses()
+            decoder = self._ready(StaticDecoder(self.model, *key, self.pad_token_id))
             self._decoders[key] = decoder
         self._decoders.move_to_end(key)
         return decoder
 
+    def ladder(self, slots: int, length: int) -> list[StaticDecoder]:
+        """Decoders of ``slots``, ``slots // 2``, ... rows (down to :data:`MIN_ROWS_BUCKET`) over
+        one KV cache of ``slots`` rows x the length bucket of ``length``: each smaller one views
+        the first rows of the largest, so rows moved to the front keep decoding in a cheaper
+        step without a copy out. All are captured before any is used (a capture's warm-up runs
+        write into the rows they share). One ladder is kept per shape."""
+        self._check_weights_in_place()
+        key = (int(slots), bucket(length, MIN_LENGTH_BUCKET))
+        ladder = self._ladders.get(key)
+        if ladder is None:
+            self._ladders.clear()  # one KV cache of this size is enough memory to hold
+            ladder = [StaticDecoder(self.model, *key, self.pad_token_id)]
+            while ladder[-1].rows // 2 >= MIN_ROWS_BUCKET:
+                ladder.append(
+                    StaticDecoder(
+                        self.model, ladder[-1].rows // 2, key[1], self.pad_token_id, share=ladder[0]
+                    )
+                )
+            for decoder in ladder:
+                self._ready(decoder)
+            self._ladders[key] = ladder
+        return ladder
+
     def clear(self) -> None:
         self._decoders.clear()
+        self._ladders.clear()
         self._addresses = []
 
     def __len__(self) -> int:
