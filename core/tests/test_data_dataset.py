@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from polyrl.data.dataset import RLDataset, collate
-from polyrl.errors import DataError
+from polyrl.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +254,43 @@ def test_prompt_key_and_reward_fn_key_pick_other_columns(tmp_path: Path, tokeniz
     assert item.raw_prompt.endswith("What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(DataError, match=r"data\.reward_fn_key='src'"):
         RLDataset(path, tokenizer, _cfg(prompt_key="question", reward_fn_key="src"))
+
+
+# ---- rows whose data_source has no scorer ------------------------------------------------------
+def _with_source(i: int, source: str) -> dict[str, Any]:
+    return {**_row(i), "data_source": source}
+
+
+def test_rows_without_a_scorer_below_the_share_are_dropped_with_a_count(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [_row(i) for i in range(9)] + [_with_source(9, "my/unknown")]
+    path = _write(tmp_path / "d.parquet", rows)
+    dataset = RLDataset(path, tokenizer, _cfg(), has_scorer=lambda s: s == "openai/gsm8k")
+    assert [item.index for item in dataset.items] == list(range(9))
+    assert (
+        f"polyrl: dropped 1 of 10 rows that cannot teach ({path}): no scorer for data_source "
+        "'my/unknown' (1)"
+    ) in capsys.readouterr().err
+
+
+def test_rows_without_a_scorer_above_the_share_are_refused(tmp_path: Path, tokenizer: Any):
+    rows = [_row(i) for i in range(7)] + [_with_source(i, "my/unknown") for i in range(7, 10)]
+    path = _write(tmp_path / "d.parquet", rows)
+    gsm8k_only = {"has_scorer": lambda source: source == "openai/gsm8k"}
+    with pytest.raises(DataError, match=r"^3 of 10 rows of .* cannot teach anything: no scorer"):
+        RLDataset(path, tokenizer, _cfg(max_unteachable_share=0.25), **gsm8k_only)
+    with pytest.raises(ConfigError, match=r"max_unteachable_share=1\.5 must be a share"):
+        RLDataset(path, tokenizer, _cfg(max_unteachable_share=1.5))
+
+
+def test_the_run_knows_which_sources_its_reward_scores() -> None:
+    from polyrl.config import load_config
+    from polyrl.data.unteachable import scorer_check
+
+    has_scorer = scorer_check(load_config(["recipe=tiny"]))
+    assert has_scorer is not None
+    assert has_scorer("openai/gsm8k") and has_scorer("reasoning_gym/chain_sum")
+    assert has_scorer("polyrl/tiny_digits") and not has_scorer("my/unknown")
+    custom = load_config(["recipe=tiny", "custom_reward_function.path=/any/file.py"])
+    assert scorer_check(custom) is None  # the user's function may score any source

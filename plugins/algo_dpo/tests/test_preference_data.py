@@ -204,3 +204,43 @@ def test_the_old_core_paths_warn_and_forward_to_the_plugin() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- pairs that cannot teach -------------------------------------------------------------------
+def pair_rows(good: int, same: int, empty: int) -> list[dict[str, Any]]:
+    return (
+        [{"prompt": USER, "chosen": "333", "rejected": f"5{i}"} for i in range(good)]
+        + [{"prompt": USER, "chosen": "333", "rejected": "333"} for _ in range(same)]
+        + [{"prompt": USER, "chosen": " ", "rejected": ""} for _ in range(empty)]
+    )
+
+
+def test_identical_or_empty_pairs_below_the_share_are_dropped_with_a_count(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "p.parquet", pair_rows(good=18, same=1, empty=1))
+    dataset = PreferenceDataset(path, tokenizer, data_cfg())  # 2 of 20 = the default 0.1
+    assert len(dataset) == 18
+    assert sorted(p.index for p in dataset.pairs) == list(range(18))
+    assert (
+        f"polyrl: dropped 2 of 20 rows that cannot teach ({path}): chosen and rejected are "
+        "identical (1); chosen or rejected is empty (1)"
+    ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("rows", "share", "counted"),
+    [
+        (pair_rows(good=17, same=3, empty=0), 0.1, "3 of 20"),  # 0.15 > 0.1
+        (pair_rows(good=0, same=4, empty=4), 1.0, "8 of 8"),  # none left: refused at any share
+    ],
+)
+def test_pairs_that_cannot_teach_above_the_share_are_refused_in_one_line(
+    tmp_path: Path, tokenizer: Any, rows: list[dict[str, Any]], share: float, counted: str
+) -> None:
+    path = write(tmp_path / "p.parquet", rows)
+    with pytest.raises(DataError) as info:
+        PreferenceDataset(path, tokenizer, data_cfg(max_unteachable_share=share))
+    message = str(info.value)
+    assert message.startswith(f"{counted} rows of {path} cannot teach anything:")
+    assert "data.max_unteachable_share" in message and "\n" not in message

@@ -148,6 +148,7 @@ _LAZY: dict[str, str] = {
     "TRUNCATION_MODES": "polyrl.data.dataset:TRUNCATION_MODES",
     "read_parquet": "polyrl.data.dataset:read_parquet",
     "PromptLoader": "polyrl.data.loader:PromptLoader",
+    "settle_unteachable": "polyrl.data.unteachable:settle_unteachable",
     "TrainingData": "polyrl.data.training:TrainingData",
     "training_data_from_files": "polyrl.data.training:training_data_from_files",
     # rollout engines: settings, the response layout, weight sync
@@ -193,6 +194,7 @@ if TYPE_CHECKING:
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.training import TrainingData, training_data_from_files
+    from polyrl.data.unteachable import settle_unteachable
     from polyrl.plan import RunPlan, assemble, build_pipeline, select_algorithm
     from polyrl.rewards.sandbox import ProgramResult, SandboxLimits, run_program
     from polyrl.rollout_config import (
@@ -355,6 +357,7 @@ __all__ = [
     "schema_node",
     "score_responses",
     "select_algorithm",
+    "settle_unteachable",
     "store_run_id",
     "stored_run_id",
     "strip_left_padding",

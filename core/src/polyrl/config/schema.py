@@ -63,6 +63,10 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 1
     apply_chat_template: bool = True
+    # Rows that cannot teach (a preference pair with identical or empty responses, a prompt whose
+    # data_source has no scorer) are dropped with a count up to this share of a file's rows;
+    # above it the run refuses to start (polyrl.data.unteachable).
+    max_unteachable_share: float = 0.1
 
 
 @dataclass

@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polyrl.config.schema import DataConfig
+from polyrl.data.unteachable import settle_unteachable
 from polyrl.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -70,10 +73,21 @@ class RLDataset:
     ``data_cfg`` is the ``data`` config node (or any object/dict with its keys):
     ``prompt_key``, ``reward_fn_key`` (the column naming the scorer, default ``data_source``),
     ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``
-    (``error`` | ``left`` | ``right``) and ``apply_chat_template``.
+    (``error`` | ``left`` | ``right``), ``apply_chat_template`` and ``max_unteachable_share``.
+
+    With ``has_scorer`` (see :func:`polyrl.data.unteachable.scorer_check`), rows whose
+    ``data_source`` it rejects cannot teach: they are dropped with a count, or refused above
+    ``data.max_unteachable_share`` (:func:`polyrl.data.unteachable.settle_unteachable`).
     """
 
-    def __init__(self, files: str | Sequence[str], tokenizer: Any, data_cfg: Any = None) -> None:
+    def __init__(
+        self,
+        files: str | Sequence[str],
+        tokenizer: Any,
+        data_cfg: Any = None,
+        *,
+        has_scorer: Callable[[str], bool] | None = None,
+    ) -> None:
         self.files = [str(files)] if isinstance(files, str | Path) else [str(f) for f in files]
         if not self.files:
             raise DataError("no data files given: set data.train_files / data.val_files")
@@ -85,6 +99,9 @@ class RLDataset:
         self.filter_overlong = bool(_cfg(data_cfg, "filter_overlong_prompts", True))
         self.truncation = str(_cfg(data_cfg, "truncation", "error"))
         self.apply_chat_template = bool(_cfg(data_cfg, "apply_chat_template", True))
+        max_share = float(_cfg(data_cfg, "max_unteachable_share", DataConfig.max_unteachable_share))
+        self.has_scorer = has_scorer
+        self.unteachable: Counter[str] = Counter()
         if self.truncation not in TRUNCATION_MODES:
             raise DataError(
                 f"data.truncation={self.truncation!r}: use one of {', '.join(TRUNCATION_MODES)}"
@@ -105,6 +122,7 @@ class RLDataset:
                 if item is not None:
                     self.items.append(item)
             offset += len(rows)
+        settle_unteachable(self.unteachable, offset, max_share, self.files)
         if self.filtered:
             message = (
                 f"polyrl: filtered {self.filtered} of {offset} prompts longer than "
@@ -174,6 +192,9 @@ class RLDataset:
         data_source = record.get(self.source_key)
         if not isinstance(data_source, str) or not data_source:
             raise bad(self.source_key, "a non-empty string", data_source)
+        if self.has_scorer is not None and not self.has_scorer(data_source):
+            self.unteachable[f"no scorer for {self.source_key} {data_source!r}"] += 1
+            return None
 
         messages = record.get(self.prompt_key)
         if isinstance(messages, str):

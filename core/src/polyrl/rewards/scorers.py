@@ -373,6 +373,26 @@ def _first_party_package(source: str) -> str | None:
     return FIRST_PARTY_PACKAGES[PluginKind.DATA_SOURCE_SCORER].get(source)
 
 
+def builtin_scorer(source: str) -> PluginScorer | None:
+    """The built-in scorer of ``data_source`` ``source`` (called as a plugin scorer is), or None
+    when no built-in scores it."""
+    if source in EXACT_SOURCES:
+        return lambda src, response, truth, extra: exact_match_score(
+            response, truth, normalise=src == "exact_match"
+        )
+    if source in GSM8K_SOURCES:
+        return lambda src, response, truth, extra: gsm8k_score(
+            response, truth, method=str(extra.get("answer_extraction", "strict"))
+        )
+    if source.startswith("reasoning_gym"):
+        return reasoning_gym_score
+    if source == TINY_DIGITS_SOURCE:
+        return lambda src, response, truth, extra: tiny_digits_score(response, truth)
+    if _is_math_source(source):
+        return lambda src, response, truth, extra: math_score(response, truth)
+    return None
+
+
 def default_compute_score(
     data_source: str,
     solution_str: str,
@@ -393,17 +413,9 @@ def default_compute_score(
     plugins = plugin_scorers or {}
     if source in plugins:
         return plugins[source](source, solution_str, ground_truth, extra)
-    if source in EXACT_SOURCES:
-        return exact_match_score(solution_str, ground_truth, normalise=source == "exact_match")
-    if source in GSM8K_SOURCES:
-        method = str(extra.get("answer_extraction", "strict"))
-        return gsm8k_score(solution_str, ground_truth, method=method)
-    if source.startswith("reasoning_gym"):
-        return reasoning_gym_score(source, solution_str, ground_truth, extra)
-    if source == TINY_DIGITS_SOURCE:
-        return tiny_digits_score(solution_str, ground_truth)
-    if _is_math_source(source):
-        return math_score(solution_str, ground_truth)
+    scorer = builtin_scorer(source)
+    if scorer is not None:
+        return scorer(source, solution_str, ground_truth, extra)
     package = _first_party_package(source)
     if package:
         raise ValueError(

@@ -90,12 +90,17 @@ def pad_rows_to_multiple(batch: Batch, multiple: int) -> Batch:
 def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
     """verl-format prompts of ``data.train_files`` in batches of ``data.train_batch_size``,
     validated by generation on ``data.val_files`` (the data of every algorithm that brings none
-    of its own, see ``AlgorithmSpec.data``)."""
+    of its own, see ``AlgorithmSpec.data``). Rows whose ``data_source`` no scorer knows are
+    counted as they load (:mod:`polyrl.data.unteachable`)."""
+    from functools import partial
+
     from polyrl.data.dataset import RLDataset
     from polyrl.data.loader import PromptLoader
     from polyrl.data.training import training_data_from_files
+    from polyrl.data.unteachable import scorer_check
 
-    return training_data_from_files(cfg, tokenizer, RLDataset, PromptLoader, validate_by_generation)
+    dataset = partial(RLDataset, has_scorer=scorer_check(cfg))
+    return training_data_from_files(cfg, tokenizer, dataset, PromptLoader, validate_by_generation)
 
 
 def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, float]:

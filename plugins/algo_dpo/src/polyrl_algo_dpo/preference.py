@@ -16,17 +16,27 @@ A response is its text's tokens followed by the tokenizer's EOS token, as a samp
 ends, cut to ``data.max_response_length``. Prompts longer than ``data.max_prompt_length`` follow
 ``data.filter_overlong_prompts`` and ``data.truncation``, as prompts of RL data do. Every row is
 checked when the dataset is built: a bad file fails at start-up naming its file, row and column.
+A pair whose chosen and rejected texts are the same, or one of them empty, has nothing to teach
+(the loss stays at ln 2): such pairs are dropped with a count, and refused above
+``data.max_unteachable_share`` of the rows.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polyrl.api import TRUNCATION_MODES, DataError, PromptLoader, read_parquet
+from polyrl.api import (
+    TRUNCATION_MODES,
+    DataError,
+    PromptLoader,
+    read_parquet,
+    settle_unteachable,
+)
 
 #: The response columns of a preference file, in a pair's row order (chosen first).
 RESPONSE_COLUMNS = ("chosen", "rejected")
@@ -111,10 +121,20 @@ def split_pair(record: Mapping[str, Any], prompt_key: str) -> tuple[Prompt, str,
     return prompt, _response_text(chosen, "chosen"), _response_text(rejected, "rejected")
 
 
+def unteachable_pair(chosen: str, rejected: str) -> str | None:
+    """Why a pair with these response texts has no preference to learn, or None."""
+    if not chosen.strip() or not rejected.strip():
+        return "chosen or rejected is empty"
+    if chosen == rejected:
+        return "chosen and rejected are identical"
+    return None
+
+
 class PreferenceDataset:
     """Pairs of one or more parquet files, tokenized. ``data_cfg`` is the ``data`` config node:
     ``prompt_key``, ``max_prompt_length``, ``max_response_length``,
-    ``filter_overlong_prompts``, ``truncation`` and ``apply_chat_template``."""
+    ``filter_overlong_prompts``, ``truncation``, ``apply_chat_template`` and
+    ``max_unteachable_share``."""
 
     def __init__(self, files: str | Sequence[str], tokenizer: Any, data_cfg: Any) -> None:
         self.files = [str(files)] if isinstance(files, str | Path) else [str(f) for f in files]
@@ -127,6 +147,7 @@ class PreferenceDataset:
         self.filter_overlong = bool(data_cfg.filter_overlong_prompts)
         self.truncation = str(data_cfg.truncation)
         self.apply_chat_template = bool(data_cfg.apply_chat_template)
+        max_share = float(data_cfg.max_unteachable_share)
         if self.truncation not in TRUNCATION_MODES:
             raise DataError(
                 f"data.truncation={self.truncation!r}: use one of {', '.join(TRUNCATION_MODES)}"
@@ -135,6 +156,7 @@ class PreferenceDataset:
             raise DataError("the tokenizer has no EOS token, which ends every response of a pair")
         self.pairs: list[PreferencePair] = []
         self.filtered = self.cut_responses = 0
+        self.unteachable: Counter[str] = Counter()
         rows_seen = 0
         for file in self.files:
             records = self._read(file)
@@ -146,6 +168,7 @@ class PreferenceDataset:
                 if pair is not None:
                     self.pairs.append(pair)
             rows_seen += len(records)
+        settle_unteachable(self.unteachable, rows_seen, max_share, self.files)
         self._report(rows_seen)
 
     def __len__(self) -> int:
@@ -173,6 +196,10 @@ class PreferenceDataset:
 
     def _build(self, record: dict[str, Any], index: int) -> PreferencePair | None:
         prompt, chosen, rejected = split_pair(record, self.prompt_key)
+        why = unteachable_pair(chosen, rejected)
+        if why:
+            self.unteachable[why] += 1
+            return None
         prompt_ids = self._prompt_ids(prompt)
         if len(prompt_ids) > self.max_prompt_length:
             if self.filter_overlong:
