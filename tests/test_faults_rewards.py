@@ -42,6 +42,23 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(kind: str, tmp_
     assert not (tmp_path / "run" / "global_step_10").exists()
 
 
+def test_a_run_shorter_than_the_failure_window_whose_rewards_all_failed_exits_2(
+    tmp_path: Path,
+) -> None:
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(BROKEN_SCORERS["raises"])
+    done = subprocess.run(
+        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
+         "trainer.val_before_train=false", "trainer.total_training_steps=1"],
+        capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: reward scoring failed for 32 of 32 samples over steps 1-1")
+    assert "finished" not in done.stdout
+
+
 USER_FILES_THAT_END_OR_BLOCK = {
     "sys_exit": ("import sys\nsys.exit(0)\n", "failed to import: SystemExit: 0"),
     "os_exit": ("import os\nos._exit(0)\n", "ended the Python process while being imported"),

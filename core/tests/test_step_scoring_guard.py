@@ -48,3 +48,36 @@ def test_a_lower_threshold_stops_on_partial_failure_and_resumes_its_window() -> 
     resumed.load_state_dict(state)
     with pytest.raises(RewardError, match="failed for 3 of 4 samples over steps 1-2"):
         resumed.record(2, [failed("boom"), failed("boom")])
+
+
+def test_a_run_shorter_than_the_window_is_judged_when_it_ends() -> None:
+    guard = ScoringFailureGuard(max_failure_rate=1.0, window_steps=3)
+    guard.record(1, [failed("boom")] * 4)  # a one-step run: the window never fills
+    with pytest.raises(RewardError, match="failed for 4 of 4 samples over steps 1-1"):
+        guard.finish()
+    honest = ScoringFailureGuard(max_failure_rate=1.0, window_steps=3)
+    honest.record(1, [failed("boom")] * 3 + [OK])
+    honest.finish()  # one sample scored: the default rate lets it finish
+    ScoringFailureGuard(max_failure_rate=1.0, window_steps=3).finish()  # no step at all
+
+
+def test_the_pipeline_finishes_every_stage_after_the_last_step() -> None:
+    from polyrl.step.pipeline import Stage, StepPipeline
+    from polyrl.step.stages import RewardStage
+
+    class Noted(Stage):
+        name = "noted"
+        finished = False
+
+        def finish(self) -> None:
+            self.finished = True
+
+    class Reward(RewardStage):
+        def __init__(self) -> None:
+            self.guard = ScoringFailureGuard(max_failure_rate=1.0, window_steps=2)
+
+    noted, reward = Noted(), Reward()
+    reward.guard.record(1, [failed("boom")])
+    with pytest.raises(RewardError):
+        StepPipeline([noted, reward], initial_keys=()).finish()
+    assert noted.finished

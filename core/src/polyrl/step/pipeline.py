@@ -109,6 +109,11 @@ class Stage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (stateless stages ignore it)."""
 
+    def finish(self) -> None:
+        """Called once after a run's last step: a stage that judges the run over several steps
+        (the reward stage's failure window, which a short run never fills) raises a
+        :class:`polyrl.errors.PolyrlError` here when the run must not count as finished."""
+
     def __repr__(self) -> str:
         return f"<stage {self.name}: {list(self.requires)} -> {list(self.provides)}>"
 
@@ -224,6 +229,11 @@ class StepPipeline:
         so a pipeline edited after it was checked still runs as it reads."""
         for position, stage in enumerate(self.stages):
             stage.link(self.stages[position + 1 :])
+
+    def finish(self) -> None:
+        """Every stage's :meth:`Stage.finish`, after the run's last step."""
+        for stage in self.stages:
+            stage.finish()
 
     def run(self, state: StepState, ctx: StepContext) -> StepState:
         self.link()

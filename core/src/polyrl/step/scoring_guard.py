@@ -4,7 +4,9 @@ A reward function that raises, returns NaN, or has no scorer for the data's ``da
 every sample ``reward_model.failure_score``: all advantages are zero, nothing is learned, and the
 run would still finish and exit 0. The guard keeps the share of failed samples over the last
 ``reward_model.failure_window_steps`` steps and raises once it reaches
-``reward_model.max_failure_rate``, naming the most common error.
+``reward_model.max_failure_rate``, naming the most common error. A run shorter than the window
+is judged on the steps it has when it ends (:meth:`ScoringFailureGuard.finish`): however short, a
+run whose rewards all failed does not finish with exit status 0.
 """
 
 from __future__ import annotations
@@ -29,8 +31,16 @@ class ScoringFailureGuard:
         failure share has reached the limit."""
         errors = Counter(r.error for r in results if r.error is not None)
         self.history.append((step, sum(errors.values()), len(results), dict(errors)))
-        if len(self.history) < (self.history.maxlen or 1):
-            return
+        if len(self.history) >= (self.history.maxlen or 1):
+            self._check()
+
+    def finish(self) -> None:
+        """At the end of the run: the same check over a window the run was too short to fill
+        (a full one was checked at its last step)."""
+        if self.history and len(self.history) < (self.history.maxlen or 1):
+            self._check()
+
+    def _check(self) -> None:
         failed = sum(h[1] for h in self.history)
         total = sum(h[2] for h in self.history)
         if not total or failed / total < self.max_failure_rate:

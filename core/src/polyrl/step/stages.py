@@ -150,6 +150,9 @@ class RewardStage(Stage):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.guard.load_state_dict(state)
 
+    def finish(self) -> None:
+        self.guard.finish()
+
 
 def update_plan(cfg: Any, num_rows: int, dp_size: int, step: int) -> MiniBatchPlan:
     """The actor update's mini-batch plan for this batch (see :mod:`polyrl.step.minibatch`)."""

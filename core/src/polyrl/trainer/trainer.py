@@ -356,6 +356,7 @@ class RLTrainer:
                 self._finished_steps = step
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)
+            self.pipeline.finish()  # a run whose rewards all failed must not exit 0
             metrics_file = os.path.join(self.output_dir, "metrics.jsonl")
             plot = self._plot(metrics_file)
             if plot is not None:
