@@ -200,7 +200,7 @@ def test_a_checkpoint_holds_the_batch_generated_ahead(tmp_path: Path) -> None:
     first.run(1, ctx, prefetch_next=True)
     first.run(2, ctx, prefetch_next=True)
     driver_state = {"step": 2, **first.save(str(tmp_path))}
-    assert driver_state["one_step_off"] == {"actor_version": 2, "pending_step": 3}
+    assert driver_state["off_policy"] == {"actor_version": 2, "ahead": [3]}
 
     # A fresh process: the actor restored at version 2, the rollout at whatever it loaded.
     resumed_roles = FakeRoles(actor=2, rollout=0)
@@ -230,11 +230,11 @@ def test_a_generation_failure_surfaces_in_the_next_step() -> None:
 
 def test_staleness_beyond_one_version_is_an_error() -> None:
     batch = Batch({"policy_version": torch.tensor([3, 3])})
-    assert staleness_metrics(batch, 4)["async/staleness/max"] == 1.0
+    assert staleness_metrics(batch, 4, bound=1)["async/staleness/max"] == 1.0
     with pytest.raises(StalenessError, match="version\\(s\\) \\[3\\]"):
-        staleness_metrics(batch, 5)
+        staleness_metrics(batch, 5, bound=1)
     with pytest.raises(StalenessError):
-        staleness_metrics(batch, 2)
+        staleness_metrics(batch, 2, bound=1)
 
 
 def test_generation_is_the_leading_rollout_only_stages() -> None:

@@ -77,6 +77,16 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
         config_sections=POLICY_LOSS_SECTIONS,
     )
     yield PolicyLossSpec(
+        name="decoupled_ppo",
+        description="Decoupled PPO (AReaL): ratio clipped around the proximal policy "
+        "(old_log_probs), times sg(pi_prox/pi_behav) with the rollout's log-probs; tokens "
+        "over policy_loss.behav_imp_weight_cap left out; not with the TIS cap",
+        fn=f"{_PKG}.decoupled:decoupled_ppo_policy_loss",
+        requires=("old_log_probs", "rollout_log_probs", "advantages", "response_mask"),
+        config_check=f"{_PKG}.decoupled:check_decoupled_config",
+        config_sections=POLICY_LOSS_SECTIONS,
+    )
+    yield PolicyLossSpec(
         name="bypass_mode",
         description="verl's rollout-correction bypass: refused (polyrl has no "
         "algorithm.rollout_correction)",

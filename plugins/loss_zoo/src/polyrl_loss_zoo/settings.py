@@ -19,7 +19,9 @@ class PolicyLossSettings:
     ``(clip_cov_lb, clip_cov_ub)``, a random ``clip_cov_ratio`` share (of all response tokens)
     loses its gradient. KL-Cov: the ``kl_cov_ratio`` share of tokens with the largest covariance
     get ``ppo_kl_coef * |log ratio|`` added. DRO: ``dro_beta`` weighs the quadratic log-ratio
-    penalty; it has no default because verl requires it to be chosen.
+    penalty; it has no default because verl requires it to be chosen. Decoupled PPO:
+    ``behav_imp_weight_cap`` (AReaL's key) leaves out of the loss the tokens whose behaviour
+    weight pi_prox / pi_behav exceeds it (> 1; null: none is left out).
     """
 
     clip_cov_ratio: float = 0.0002
@@ -28,6 +30,7 @@ class PolicyLossSettings:
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
     dro_beta: Any = None  # a positive float when loss_mode=dro
+    behav_imp_weight_cap: Any = None  # a float > 1, or null
 
 
 @dataclass

@@ -1,32 +1,45 @@
-"""What ``trainer.async_mode=one_step_off`` needs of the run config, for ``polyrl validate``: the
-rollout on workers of its own (one process per device does one thing at a time), the TIS
-correction (the samples come from the previous policy), and a step that generates before it
-trains and does not call the rollout again after (offline DPO cannot run ahead)."""
+"""What the off-policy schedules (``trainer.async_mode=one_step_off|k_step_off``) need of the
+run config, for ``polyrl validate``: the rollout on workers of its own (one process per device
+does one thing at a time), an off-policy correction (the samples come from earlier policies:
+the TIS cap, or the ``decoupled_ppo`` loss), a threshold and strategy in range, and a step that
+generates before it trains and does not call the rollout again after (offline DPO cannot run
+ahead)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from polyrl.api import TIS_CAP_KEY, ConfigError, PolyrlError, build_pipeline, pool_of, tis_enabled
+from polyrl_schedule_offpolicy.settings import STRATEGIES, STRATEGY_KEY, THRESHOLD_KEY
+
+LOSS_MODE_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
+# Policy losses that correct for the behaviour policy themselves (polyrl-loss-zoo's).
+SELF_CORRECTING_LOSSES = ("decoupled_ppo",)
 
 
 def check_config(cfg: Any) -> list[str]:
+    mode = f"trainer.async_mode={cfg.trainer.async_mode}"
     problems = []
     if pool_of(cfg, "rollout") == pool_of(cfg, "actor"):
         problems.append(
-            "trainer.async_mode=one_step_off generates the next batch while the actor trains, "
-            "which needs the rollout on workers of its own: set "
-            "actor_rollout_ref.hybrid_engine=false (a colocated rollout shares each worker with "
-            "the actor, so nothing can overlap)"
+            f"{mode} generates the next batches while the actor trains, which needs the rollout "
+            f"on workers of its own: set actor_rollout_ref.hybrid_engine=false (a colocated "
+            f"rollout shares each worker with the actor, so nothing can overlap)"
         )
     cap = cfg.actor_rollout_ref.actor.tis_imp_ratio_cap
-    if isinstance(cap, int | float) and not tis_enabled(cap):
+    loss_mode = str(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if (
+        isinstance(cap, int | float)
+        and not tis_enabled(cap)
+        and loss_mode not in SELF_CORRECTING_LOSSES
+    ):
         problems.append(
-            f"trainer.async_mode=one_step_off trains on samples of the previous policy, which "
-            f"needs the truncated importance-sampling correction: set {TIS_CAP_KEY}=2.0 (or "
-            f"another cap >= 1)"
+            f"{mode} trains on samples of earlier policies, which needs an off-policy "
+            f"correction: set {TIS_CAP_KEY}=2.0 (truncated importance sampling, or another cap "
+            f">= 1) or {LOSS_MODE_KEY}=decoupled_ppo (polyrl-loss-zoo)"
         )
-    from polyrl_schedule_offpolicy.one_step_off import split_step
+    problems += _settings_problems(cfg)
+    from polyrl_schedule_offpolicy.k_step_off import split_step
 
     try:
         pipeline = build_pipeline(cfg)
@@ -35,5 +48,27 @@ def check_config(cfg: Any) -> list[str]:
     try:
         split_step(pipeline)
     except ConfigError as exc:
-        problems.append(f"trainer.async_mode=one_step_off: {exc}")
+        problems.append(f"{mode}: {exc}")
+    return problems
+
+
+def _settings_problems(cfg: Any) -> list[str]:
+    settings = cfg.trainer.off_policy
+    threshold, strategy = settings.max_off_policy_threshold, settings.max_off_policy_strategy
+    problems = []
+    if cfg.trainer.async_mode == "one_step_off" and threshold != 1:
+        problems.append(
+            f"trainer.async_mode=one_step_off is k-step with k=1, but {THRESHOLD_KEY}="
+            f"{threshold}: use trainer.async_mode=k_step_off for k={threshold}, or drop the key"
+        )
+    elif not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
+        problems.append(
+            f"{THRESHOLD_KEY}={threshold!r} must be a whole number >= 1: the policy versions a "
+            f"sample may lag (and the batches generated ahead); 1 is one-step off-policy"
+        )
+    if strategy not in STRATEGIES:
+        problems.append(
+            f"{STRATEGY_KEY}={strategy!r}: use wait (a batch staler than the threshold is "
+            f"generated again) or drop (its prompts are left out of the epoch)"
+        )
     return problems

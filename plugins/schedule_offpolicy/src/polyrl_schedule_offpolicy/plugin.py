@@ -1,11 +1,14 @@
-"""Entry point of polyrl-schedule-offpolicy. Light on purpose: the schedule is named by import
-string and imported when a run selects it."""
+"""Entry point of polyrl-schedule-offpolicy. Light on purpose: the schedules are named by import
+string and imported when a run selects one."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from polyrl.api import ScheduleSpec, hookimpl
+from polyrl_schedule_offpolicy.settings import OFF_POLICY_ALIASES, OFF_POLICY_SECTIONS
+
+_PKG = "polyrl_schedule_offpolicy"
 
 
 @hookimpl
@@ -13,8 +16,20 @@ def polyrl_schedules() -> Iterator[ScheduleSpec]:
     yield ScheduleSpec(
         name="one_step_off",
         description="The next step's batch is generated (by the policy one update behind) "
-        "while this step trains; needs the rollout on workers of its own and the TIS cap",
-        schedule="polyrl_schedule_offpolicy.one_step_off:OneStepOffSchedule",
-        describe="polyrl_schedule_offpolicy.one_step_off:describe",
-        config_check="polyrl_schedule_offpolicy.checks:check_config",
+        "while this step trains; needs the rollout on workers of its own and an off-policy "
+        "correction (TIS cap or decoupled_ppo)",
+        schedule=f"{_PKG}.one_step_off:OneStepOffSchedule",
+        describe=f"{_PKG}.one_step_off:describe",
+        config_check=f"{_PKG}.checks:check_config",
+    )
+    yield ScheduleSpec(
+        name="k_step_off",
+        description="The rollout generates up to trainer.off_policy.max_off_policy_threshold "
+        "(k) batches ahead while the actor trains, samples at most k versions behind; needs "
+        "the rollout on workers of its own and an off-policy correction",
+        schedule=f"{_PKG}.k_step_off:KStepOffSchedule",
+        describe=f"{_PKG}.k_step_off:describe",
+        config_check=f"{_PKG}.checks:check_config",
+        config_sections=OFF_POLICY_SECTIONS,
+        key_aliases=OFF_POLICY_ALIASES,
     )

@@ -1,0 +1,32 @@
+"""The keys the off-policy schedules read, ``trainer.off_policy.*`` (verl's v1 trainer spells
+the group ``trainer.v1.sampler``, an alias of it). Light on purpose (no torch): every composed
+config imports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SECTION = "trainer.off_policy"
+VERL_SECTION = "trainer.v1.sampler"
+THRESHOLD_KEY = f"{SECTION}.max_off_policy_threshold"
+STRATEGY_KEY = f"{SECTION}.max_off_policy_strategy"
+# What happens to a batch found staler than the threshold when its step comes (possible only
+# for batches a checkpoint written under a larger threshold holds): generate its prompts again
+# with the current weights, or leave its prompts out of the epoch and draw new ones.
+STRATEGIES = ("wait", "drop")
+
+
+@dataclass
+class OffPolicySettings:
+    """``max_off_policy_threshold`` (k): how many policy versions a sample may lag the policy
+    that trains on it, so also how many batches the rollout generates ahead (verl's key).
+    ``trainer.async_mode=one_step_off`` is k=1. ``max_off_policy_strategy``: ``wait`` (the
+    default: every prompt still trains once per epoch; verl defaults to drop) regenerates a
+    batch staler than k; ``drop`` leaves it out."""
+
+    max_off_policy_threshold: int = 1
+    max_off_policy_strategy: str = "wait"
+
+
+OFF_POLICY_SECTIONS = {SECTION: OffPolicySettings}
+OFF_POLICY_ALIASES = {VERL_SECTION: SECTION}
