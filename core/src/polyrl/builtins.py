@@ -62,6 +62,11 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         "algorithm claims",
         pipeline="polyrl.step.policy_gradient:policy_gradient_pipeline",
         roles=("actor", "rollout", "ref", "reward_model"),
+        # the multi-turn rollout is this step's (its gen and reward stages), for every
+        # algorithm built on it; mounted whenever polyrl is installed
+        config_sections={
+            "actor_rollout_ref.rollout.multi_turn": "polyrl.envs.settings:MultiTurnSettings"
+        },
     )
 
 

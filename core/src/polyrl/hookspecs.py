@@ -21,6 +21,7 @@ from polyrl.specs import (
     AdvantageEstimatorSpec,
     AlgorithmSpec,
     DataSourceScorerSpec,
+    EnvironmentSpec,
     LoggerSpec,
     PolicyLossSpec,
     RewardProviderSpec,
@@ -268,6 +269,43 @@ def polyrl_schedules() -> Iterable[ScheduleSpec]:
     """
 
 
+@hookspec
+def polyrl_environments() -> Iterable[EnvironmentSpec]:
+    """Register multi-turn environments, selected by
+    ``actor_rollout_ref.rollout.multi_turn.environment=<name>`` (with ``multi_turn.enable=true``).
+    The contract (episodes, turns, observations, rewards) is :mod:`polyrl.envs.episode`.
+
+    Example::
+
+        from polyrl.api import (Environment, EnvironmentSpec, Episode, EpisodeResult,
+                                EpisodeStart, Observation, hookimpl)
+
+        class GuessEpisode(Episode):
+            def __init__(self, row):
+                self.secret = str(row["ground_truth"])
+
+            async def start(self):
+                return EpisodeStart()  # the row's prompt as the data loader tokenized it
+
+            async def step(self, turn):
+                if self.secret in turn.text:
+                    return Observation(done=True)
+                return Observation([{"role": "user", "content": "No, try again."}])
+
+            async def finish(self, reason):
+                return EpisodeResult(reward=float(reason == "done"))
+
+        class Guess(Environment):
+            def episode(self, row):
+                return GuessEpisode(row)
+
+        @hookimpl
+        def polyrl_environments():
+            yield EnvironmentSpec(name="guess", description="Guess the number, told no until right",
+                                  environment=Guess, uses_tools=False, user_turns=True)
+    """
+
+
 HOOK_NAMES = (
     "polyrl_training_engines",
     "polyrl_rollout_engines",
@@ -278,4 +316,5 @@ HOOK_NAMES = (
     "polyrl_algorithms",
     "polyrl_data_source_scorers",
     "polyrl_schedules",
+    "polyrl_environments",
 )

@@ -136,6 +136,11 @@ class RunPlan:
         return self.selected(PluginKind.SCHEDULE)
 
     @property
+    def environment(self) -> Registration:
+        """The multi-turn environment (only when ``multi_turn.enable`` is true)."""
+        return self.selected(PluginKind.ENVIRONMENT)
+
+    @property
     def loggers(self) -> list[Registration]:
         prefix = PluginKind.LOGGER.config_key + "["
         return [reg for key, reg in self.plugins.items() if key.startswith(prefix)]
@@ -191,6 +196,10 @@ def _settings_lines(cfg: Any, reg: Registration) -> list[str]:
     return [f"plugins.{reg.name}.{key} = {value!r}" for key, value in settings.items()]
 
 
+# Kinds selected only when a flag key is true: the environment only for multi-turn rollouts.
+FLAGGED_KINDS = {PluginKind.ENVIRONMENT: "actor_rollout_ref.rollout.multi_turn.enable"}
+
+
 def _plugin_names(value: Any) -> list[str]:
     if value is None or value == "":
         return []
@@ -206,11 +215,13 @@ def select_plugins(
     kinds: tuple[PluginKind, ...] = (*SINGLE_KINDS, PluginKind.LOGGER),
 ) -> dict[str, Registration]:
     """The registration each config key of ``kinds`` (and each of ``algorithm``'s
-    ``plugin_keys``) selects, by config key; loggers as ``trainer.logger[i]``."""
+    ``plugin_keys``) selects, by config key; loggers as ``trainer.logger[i]``. A kind of
+    :data:`FLAGGED_KINDS` is selected when its flag is true."""
     from omegaconf import OmegaConf
 
     plugins: dict[str, Registration] = {}
-    for kind in kinds:
+    flagged = [k for k, flag in FLAGGED_KINDS.items() if OmegaConf.select(cfg, flag)]
+    for kind in (*kinds, *flagged):
         value = OmegaConf.select(cfg, kind.config_key)
         if kind is PluginKind.LOGGER:
             for i, name in enumerate(_plugin_names(value)):

@@ -69,12 +69,21 @@ HOOK_OF_KIND = {
     PluginKind.ALGORITHM: "polyrl_algorithms",
     PluginKind.DATA_SOURCE_SCORER: "polyrl_data_source_scorers",
     PluginKind.SCHEDULE: "polyrl_schedules",
+    PluginKind.ENVIRONMENT: "polyrl_environments",
 }
 # Kinds whose implementations import torch, vLLM, Megatron ...: ``polyrl plugins`` only locates
 # their modules (no import) unless asked to import them.
 HEAVY_KINDS = frozenset({PluginKind.TRAINING_ENGINE, PluginKind.ROLLOUT_ENGINE})
 # The attribute of each spec type that names its implementation.
-IMPLEMENTATION_ATTRIBUTES = ("engine", "fn", "provider", "logger", "pipeline", "schedule")
+IMPLEMENTATION_ATTRIBUTES = (
+    "engine",
+    "fn",
+    "provider",
+    "logger",
+    "pipeline",
+    "schedule",
+    "environment",
+)
 ENTRY_POINT_HINT = '[project.entry-points.polyrl] <name> = "<module>"'
 
 

@@ -27,6 +27,7 @@ class PluginKind(str, Enum):
     ALGORITHM = "algorithm"
     DATA_SOURCE_SCORER = "data_source_scorer"
     SCHEDULE = "schedule"
+    ENVIRONMENT = "environment"
 
     @property
     def config_key(self) -> str:
@@ -44,6 +45,8 @@ _CONFIG_KEYS = {
     # not a config key's value: a row's data_source (the column data.reward_fn_key names)
     PluginKind.DATA_SOURCE_SCORER: "data.reward_fn_key",
     PluginKind.SCHEDULE: "trainer.async_mode",
+    # selected only when actor_rollout_ref.rollout.multi_turn.enable is true
+    PluginKind.ENVIRONMENT: "actor_rollout_ref.rollout.multi_turn.environment",
 }
 
 
@@ -353,6 +356,29 @@ class ScheduleSpec(_Spec):
         return resolve_object(self.schedule)
 
 
+@dataclass(frozen=True)
+class EnvironmentSpec(_Spec):
+    """A multi-turn environment, selected by ``actor_rollout_ref.rollout.multi_turn.environment``
+    when ``multi_turn.enable`` is true.
+
+    ``environment`` is a :class:`polyrl.envs.Environment` subclass (or an import string to one),
+    built once in the driver; it opens an :class:`polyrl.envs.Episode` per sampled row (see
+    :mod:`polyrl.envs.episode` for the loop and :mod:`polyrl.envs` for the trajectory batch).
+    ``uses_tools``: its episodes answer parsed tool calls (``multi_turn.format``);
+    ``user_turns``: it speaks as the user too (``multi_turn.max_user_turns`` applies).
+    """
+
+    environment: type | str = ""
+    uses_tools: bool = True
+    user_turns: bool = False
+
+    def capability_flags(self) -> dict[str, Any]:
+        return {"tools": self.uses_tools, "user_turns": self.user_turns}
+
+    def load(self) -> type:
+        return resolve_object(self.environment)
+
+
 SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.TRAINING_ENGINE: TrainingEngineSpec,
     PluginKind.ROLLOUT_ENGINE: RolloutEngineSpec,
@@ -363,6 +389,7 @@ SPEC_TYPES: dict[PluginKind, type[_Spec]] = {
     PluginKind.ALGORITHM: AlgorithmSpec,
     PluginKind.DATA_SOURCE_SCORER: DataSourceScorerSpec,
     PluginKind.SCHEDULE: ScheduleSpec,
+    PluginKind.ENVIRONMENT: EnvironmentSpec,
 }
 
 # First-party packages of the design (DESIGN.md) that do not exist yet: an "unknown name" error
@@ -442,6 +469,7 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
     },
     PluginKind.DATA_SOURCE_SCORER: {"code": "polyrl-reward-code"},
     PluginKind.SCHEDULE: {"one_step_off": "polyrl-schedule-offpolicy"},
+    PluginKind.ENVIRONMENT: {"tools": "polyrl-env-tools", "tool_tiny": "polyrl-env-tools"},
 }
 
 # Config groups first-party plugins declare (their ``config_sections``), with the package: an

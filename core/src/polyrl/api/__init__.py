@@ -34,6 +34,22 @@ from typing import TYPE_CHECKING
 
 from polyrl.api._lazy import lazy_attributes as _lazy_attributes
 from polyrl.checkpoint import atomic_write_text
+from polyrl.envs.episode import (
+    END_DONE,
+    END_ENV_ERROR,
+    END_ENV_TIMEOUT,
+    END_MAX_ASSISTANT_TURNS,
+    END_MAX_USER_TURNS,
+    END_TRUNCATED,
+    AssistantTurn,
+    Environment,
+    EnvironmentContext,
+    Episode,
+    EpisodeResult,
+    EpisodeStart,
+    Observation,
+    ToolCall,
+)
 from polyrl.errors import ConfigError, DataError, PolyrlError, RewardError
 from polyrl.hookspecs import hookimpl
 from polyrl.interfaces import (
@@ -69,6 +85,7 @@ from polyrl.specs import (
     AdvantageEstimatorSpec,
     AlgorithmSpec,
     DataSourceScorerSpec,
+    EnvironmentSpec,
     LoggerSpec,
     PluginKind,
     PolicyLossSpec,
@@ -246,6 +263,12 @@ if TYPE_CHECKING:
 __all__ = [
     "API_VERSION",
     "DTYPE_ALIASES",
+    "END_DONE",
+    "END_ENV_ERROR",
+    "END_ENV_TIMEOUT",
+    "END_MAX_ASSISTANT_TURNS",
+    "END_MAX_USER_TURNS",
+    "END_TRUNCATED",
     "ESTIMATOR_KEYS",
     "LOSS_AGG_MODES",
     "MODEL_INPUT_KEYS",
@@ -257,6 +280,7 @@ __all__ = [
     "AdvantageEstimatorFn",
     "AdvantageEstimatorSpec",
     "AlgorithmSpec",
+    "AssistantTurn",
     "Batch",
     "Checker",
     "ConfigError",
@@ -265,6 +289,12 @@ __all__ = [
     "DataSourceScorerSpec",
     "Dispatch",
     "EngineContext",
+    "Environment",
+    "EnvironmentContext",
+    "EnvironmentSpec",
+    "Episode",
+    "EpisodeResult",
+    "EpisodeStart",
     "LoggerContext",
     "LoggerSpec",
     "MetricsLogger",
@@ -272,6 +302,7 @@ __all__ = [
     "MicroBatchValueLossFn",
     "MiniBatchPlan",
     "ModelHead",
+    "Observation",
     "OptimConfig",
     "PluginKind",
     "PolicyLossFn",
@@ -303,6 +334,7 @@ __all__ = [
     "StepState",
     "SyncWeightsStage",
     "SynchronousSchedule",
+    "ToolCall",
     "TrainingData",
     "TrainingEngine",
     "TrainingEngineSpec",

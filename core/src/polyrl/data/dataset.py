@@ -286,7 +286,8 @@ def collate(items: Sequence[PromptItem], pad_token_id: int) -> Any:
 
     Tensors: ``input_ids``, ``attention_mask`` (1 on tokens), ``position_ids`` (0 at each prompt's
     first real token, 0 on padding). Non-tensors: ``data_source``, ``ground_truth``,
-    ``extra_info``, ``raw_prompt``, ``index``.
+    ``extra_info``, ``raw_prompt``, ``index``, ``messages`` (the chat before the template: what
+    a multi-turn environment starts from).
     """
     import torch
 
@@ -314,5 +315,6 @@ def collate(items: Sequence[PromptItem], pad_token_id: int) -> Any:
             "extra_info": [item.extra_info for item in items],
             "raw_prompt": [item.raw_prompt for item in items],
             "index": [item.index for item in items],
+            "messages": [item.messages for item in items],
         },
     )

@@ -31,6 +31,8 @@ RAW_PROMPT = "raw_prompt"
 """Per-row prompt text after the chat template (object array)."""
 INDEX = "index"
 """Per-row position of the prompt in the dataset's files (int array)."""
+MESSAGES = "messages"
+"""Per-row chat messages of the prompt, before the chat template (object array)."""
 
 # -- batch keys: what generation adds ----------------------------------------------------------
 
@@ -42,6 +44,16 @@ ROLLOUT_LOG_PROBS = "rollout_log_probs"
 """Log-probs the rollout engine reported for its samples ``[rows, R]`` (when it reports them)."""
 UID = "uid"
 """Group id (object array of str): the ``n`` samples of one prompt share it."""
+
+# -- batch keys: what multi-turn generation adds (see polyrl.envs for the trajectory layout) ----
+
+TURN_SCORES = "turn_scores"
+"""An environment's per-turn rewards on each assistant turn's last token ``[rows, R]``."""
+EPISODE_REWARD = "episode_reward"
+"""Per-row reward the environment gave its episode (object array; None: the reward provider
+scores ``LAST_TURN_TEXT``)."""
+LAST_TURN_TEXT = "last_turn_text"
+"""Per-row text of the episode's last assistant turn (object array)."""
 
 # -- batch keys: rewards, log-probs, values, advantages ----------------------------------------
 

@@ -32,6 +32,7 @@ PROMPT_BATCH_KEYS = (
     "extra_info",
     "raw_prompt",
     "index",
+    "messages",
 )
 
 
