@@ -7,13 +7,16 @@
 # recipe=tiny supplies the task and the GRPO settings; it keeps its toy model's layers eager, so
 # the compiled layers (the CUDA default elsewhere) are asked for here.
 # Environment: SHAPE (qwen2-0.5b), STEPS (6), TOKENS (the update's token budget per micro-batch
-# and GPU, 16384), TAG (a suffix of the run folder), EXTRA (more overrides, space-separated).
+# and GPU, 16384), PROMPTS (32 per step, 8 samples each), RESPONSE (256 new tokens at most),
+# TAG (a suffix of the run folder), EXTRA (more overrides, space-separated).
 set -euo pipefail
 shape=${SHAPE:-qwen2-0.5b}
 model=${MODEL:-/tmp/$shape-random}
 out_root=${OUT:-/tmp/polyrl-gpu}
 steps=${STEPS:-6}
 tokens=${TOKENS:-16384}
+prompts=${PROMPTS:-32}
+response=${RESPONSE:-256}
 [ -f "$model/config.json" ] || python3 benchmarks/gpu/make_random_model.py "$model" --shape "$shape"
 for gpus in "${@:-1}"; do
     out="$out_root/h200_${shape}_${gpus}gpu${TAG:-}"
@@ -32,8 +35,8 @@ for gpus in "${@:-1}"; do
         actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$tokens" \
         actor_rollout_ref.rollout.dtype=bfloat16 \
         actor_rollout_ref.rollout.n=8 \
-        actor_rollout_ref.rollout.micro_batch_size=256 \
-        data.train_batch_size=32 data.max_response_length=256 \
+        actor_rollout_ref.rollout.micro_batch_size=$((prompts * 8)) \
+        data.train_batch_size="$prompts" data.max_response_length="$response" \
         trainer.device=cuda trainer.n_gpus_per_node="$gpus" \
         trainer.total_training_steps="$steps" trainer.save_freq=-1 trainer.test_freq=-1 \
         trainer.val_before_train=false trainer.export_hf_model=false \
