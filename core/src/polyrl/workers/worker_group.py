@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
+from polyrl.workers.cluster_probe import alive_node_addresses, wait_until
 from polyrl.workers.group import SPMDGroup, WorkerError
 from polyrl.workers.nodes import alive_nodes, check_nodes_available, placed_nodes, plan_nodes
 from polyrl.workers.stop_signals import stop_signals_deferred
@@ -34,13 +35,23 @@ __all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
 
 #: How long joining the cluster named by ``RAY_ADDRESS`` may take to answer at all.
 RAY_CONNECT_TIMEOUT_S = 15.0
+#: How long the cluster's GCS may take to answer, once something accepted the connection (Ray
+#: answers in milliseconds; anything else never does).
+RAY_ANSWER_TIMEOUT_S = 10.0
 #: Ray's switch for single-machine mode (named for the platforms where it is the default): every
 #: Ray server and worker then listens on 127.0.0.1 only, and the node's address is 127.0.0.1.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
+#: How long a joined cluster that lacks what a pool asks may take to grow (an autoscaler, a
+#: node being started) before the run stops with one line.
+JOINED_CLUSTER_GROWTH_S = 30.0
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
 #: Whether this process started the Ray cluster it uses (then nothing outside it can add
 #: resources, so a request the cluster cannot hold fails at once instead of waiting).
 _started_local_cluster = False
+#: The address of the cluster this process joined (None: it started its own, or has none yet).
+_joined_address: str | None = None
 
 
 def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None) -> None:
@@ -48,11 +59,11 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     with quiet, offline-friendly defaults.
 
     A local cluster listens on 127.0.0.1 only (so do its workers and, through the node address,
-    torch.distributed's rendezvous); a cluster address is checked to answer within
+    torch.distributed's rendezvous); a cluster address is checked to answer, as Ray, within
     :data:`RAY_CONNECT_TIMEOUT_S` (one line naming it otherwise). Ctrl-C or SIGTERM while Ray
-    starts become the usual clean stop (one line, 130/143, Ray's processes ended).
+    starts or is joined become the usual clean stop (one line, 130/143, Ray's processes ended).
     """
-    global _started_local_cluster
+    global _started_local_cluster, _joined_address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray starts its workers at nice 15; here the workers ARE the compute (engines), so on a
     # machine with any other load they starve (measured: engine calls 16x slower at load 8 on
@@ -65,6 +76,8 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     address = str(kwargs.get("address") or os.environ.get("RAY_ADDRESS") or "")
     if address and address not in ("local", "auto"):
         _check_reachable(address)
+        if not address.startswith("ray://"):
+            _join_on_the_cluster_address(address)
     elif not address or address == "local":
         # Nothing outside this machine can connect: no token to manage. A joined cluster keeps
         # its own authentication setting.
@@ -74,6 +87,7 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
             kwargs.setdefault("num_cpus", num_cpus)
     _init_with_signals_kept(kwargs)
     _started_local_cluster = not address or address == "local"
+    _joined_address = None if _started_local_cluster else address
 
 
 def _listen_on_loopback() -> None:
@@ -104,6 +118,20 @@ def _check_reachable(address: str) -> None:
             f"{RAY_CONNECT_TIMEOUT_S:g} s ({exc.strerror or exc}): start it there "
             f"(`ray start --head`) or unset RAY_ADDRESS to start a local cluster"
         ) from None
+
+
+def _join_on_the_cluster_address(address: str) -> None:
+    """Check that Ray answers at ``address``, and join a cluster on this machine's loopback
+    (every node at 127.0.0.1: a ``ray start --head`` in single-machine mode) as one of its own.
+
+    Ray rewrites a loopback address to the machine's network address before it connects, and
+    then looks for a node at that address; a loopback-only cluster has neither, and the join
+    would wait for ever. In single-machine mode this driver keeps the loopback address.
+    """
+    nodes = alive_node_addresses(address, RAY_ANSWER_TIMEOUT_S)
+    host = address.rpartition(":")[0]
+    if nodes and host in _LOOPBACK_HOSTS and all(node == "127.0.0.1" for node in nodes):
+        _listen_on_loopback()
 
 
 def _init_with_signals_kept(kwargs: dict[str, Any]) -> None:
@@ -152,14 +180,31 @@ def _signal_seen(wake_read: int, signals: Sequence[int]) -> int | None:
 
 
 def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
-    """One line, at once, when the cluster this process started cannot hold ``bundles`` at all
-    (GPUs asked on a machine without any): Ray would otherwise wait for resources that no one
-    can add. A joined cluster may grow (autoscaler), so it is left to the placement timeout."""
-    if not _started_local_cluster:
+    """One line when the cluster cannot hold ``bundles`` at all (GPUs asked on a machine without
+    any): Ray would otherwise wait for resources that may never come. The cluster this process
+    started cannot grow, so it fails at once; a joined one may (an autoscaler, a node being
+    started): it gets :data:`JOINED_CLUSTER_GROWTH_S` to. Ray started by someone else (a
+    test's own ``ray.init``) is left to the placement timeout."""
+    if not _started_local_cluster and _joined_address is None:
+        return
+    needs = {
+        resource: sum(bundle.get(resource, 0) for bundle in bundles)
+        for resource in sorted({key for bundle in bundles for key in bundle})
+    }
+
+    def fits() -> bool:
+        total = ray.cluster_resources()
+        return all(need <= total.get(resource, 0) for resource, need in needs.items())
+
+    if _joined_address is not None and wait_until(fits, JOINED_CLUSTER_GROWTH_S):
         return
     total = ray.cluster_resources()
-    for resource in sorted({key for bundle in bundles for key in bundle}):
-        need = sum(bundle.get(resource, 0) for bundle in bundles)
+    where = "this machine's Ray cluster"
+    if _joined_address is not None:
+        where = (
+            f"the Ray cluster at RAY_ADDRESS={_joined_address} after {JOINED_CLUSTER_GROWTH_S:g} s"
+        )
+    for resource, need in needs.items():
         have = total.get(resource, 0)
         if need > have:
             fix = (
@@ -170,8 +215,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
                 "Ray may use (trainer.ray_init.num_cpus)"
             )
             raise PolyrlError(
-                f"pool {pool!r} needs {need:g} {resource} but this machine's Ray cluster has "
-                f"{have:g}: {fix}"
+                f"pool {pool!r} needs {need:g} {resource} but {where} has {have:g}: {fix}"
             )
 
 
