@@ -41,8 +41,12 @@ from polyrl.config.sections import key_aliases
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PACKAGE = ROOT / "core" / "src" / "polyrl" / "config"
-# Where keys are declared or listed, not read.
-NOT_READERS = (CONFIG_PACKAGE / "schema.py", CONFIG_PACKAGE / "keys.py")
+# Where keys are declared or listed, not read (verl_compat.py: the table of verl's keys).
+NOT_READERS = (
+    CONFIG_PACKAGE / "schema.py",
+    CONFIG_PACKAGE / "keys.py",
+    CONFIG_PACKAGE / "verl_compat.py",
+)
 
 # Keys that code adds to config nodes at run time (not user settings, so not in the schema).
 RUNTIME_KEYS = {

@@ -40,19 +40,51 @@ def schema_keys(node: Any = None, prefix: str = "") -> list[str]:
     return keys
 
 
+def free_form_prefixes() -> tuple[str, ...]:
+    """Groups that take any key below them: polyrl's open dicts and verl's open groups that
+    polyrl does not declare (:mod:`polyrl.config.verl_compat`)."""
+    from polyrl.config.verl_compat import open_groups
+
+    mappings = [key for key, kind in schema_types().items() if kind == "a mapping, e.g. {a: 1}"]
+    return (*FREE_FORM_PREFIXES, *mappings, *open_groups(set(schema_keys())))
+
+
 def normalize_overrides(overrides: list[str]) -> list[str]:
     """Overrides with keys below a free-form prefix written as ``++key=value``.
 
     The schema declares ``plugins`` (and a few others) as open dicts, but Hydra only lets
     ``key=value`` change keys that already exist: ``plugins.mysandbox.url=...`` would need a ``+``
     the first time and must not have one once a recipe sets it. ``++`` means "add or override",
-    so users write plugin keys like any other key.
+    so users write plugin keys like any other key. verl's ``+key=value`` (verl needs the ``+``
+    for keys it does not declare; polyrl may declare them) is read as ``++`` too, and verl's
+    ``~key`` on a declared key puts that key back to its default (:func:`_without_removed`).
     """
-    prefixes = tuple(p + "." for p in FREE_FORM_PREFIXES)
-    return [
-        "++" + item if item.startswith(prefixes) and "=" in item else _as_list_value(item)
-        for item in overrides
-    ]
+    prefixes = tuple(p + "." for p in free_form_prefixes())
+    out = []
+    for item in _without_removed(overrides):
+        if item.startswith("+") and not item.startswith("++") and "=" in item:
+            item = "+" + item
+        bare = item.lstrip("+")
+        if bare.startswith(prefixes) and "=" in item:
+            out.append("++" + bare)
+        else:
+            out.append(_as_list_value(item))
+    return out
+
+
+def _without_removed(overrides: list[str]) -> list[str]:
+    """``~key`` of a declared key: that key's earlier overrides are dropped, so it keeps its
+    default (a schema key cannot be deleted); ``~`` below a free-form group is Hydra's delete."""
+    declared = set(schema_keys())
+    out: list[str] = []
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if key.startswith("~") and key[1:] in declared:
+            gone = key[1:]
+            out = [o for o in out if o.split("=", 1)[0].lstrip("+~") != gone]
+            continue
+        out.append(item)
+    return out
 
 
 def _as_list_value(override: str) -> str:
@@ -74,9 +106,14 @@ def check_override_keys(overrides: list[str]) -> None:
     Hydra get keys under free-form sections (``plugins.<name>.*``) accepted.
     """
     from polyrl.config.sections import apply_aliases
+    from polyrl.config.verl_compat import ALIASES, added_key_message, compat_keys
 
-    overrides[:] = normalize_overrides(apply_aliases(overrides))
-    valid = set(schema_keys())
+    given = apply_aliases(overrides, extra=ALIASES)
+    added = {o.split("=", 1)[0][1:] for o in given if o.startswith("+") and o[1:2] != "+"}
+    overrides[:] = normalize_overrides(given)
+    declared = set(schema_keys())
+    valid = declared | set(compat_keys(declared))
+    free = tuple(p + "." for p in free_form_prefixes())
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if "=" not in override and not override.startswith("~"):
@@ -84,12 +121,10 @@ def check_override_keys(overrides: list[str]) -> None:
                 f"override {override!r} has no value: write it as key=value, "
                 f"e.g. trainer.total_training_steps=10"
             )
-        if (
-            key in GROUP_KEYS
-            or key in valid
-            or key.startswith(tuple(p + "." for p in FREE_FORM_PREFIXES))
-        ):
+        if key in GROUP_KEYS or key in valid or key.startswith(free):
             continue
+        if key in added:
+            raise ConfigError(added_key_message(key))
         raise ConfigError(unknown_key_message(key, valid))
 
 

@@ -30,12 +30,16 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     :class:`polyrl.specs.AlgorithmSpec`). Raises :class:`polyrl.errors.ConfigError` with the
     closest valid key for a misspelled one.
     """
-    from polyrl.config.keys import check_override_keys
+    from polyrl.config.keys import check_override_keys, schema_keys
     from polyrl.config.sections import schema_config
+    from polyrl.config.verl_compat import mount
 
     # The schema is stored afresh each time: installed plugins' sections are part of it, and a
     # plugin registered in-process (polyrl.register) may have added some since the last call.
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema_config())
+    # verl's keys that polyrl does not declare are mounted at verl's defaults (verl_compat).
+    schema = schema_config()
+    mount(schema, set(schema_keys()))
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
     overrides = list(overrides or [])
     check_override_keys(overrides)
     cfg = _compose(overrides)

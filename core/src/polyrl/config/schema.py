@@ -23,7 +23,23 @@ from omegaconf import MISSING
 # Keys accepted only so that verl command lines still parse; polyrl ignores their values. Each
 # entry is a dotted key (a group stands for every key below it). Anything not listed here is read
 # by the code that the key configures (core/tests/test_config_declared.py checks both ways).
-VERL_COMPAT_KEYS: tuple[str, ...] = ()
+# The Megatron engine's verl keys that it does not implement are accepted at their defaults only
+# (polyrl.config.verl_compat refuses, or notes, any other value).
+VERL_COMPAT_KEYS: tuple[str, ...] = tuple(
+    f"{role}.megatron.{key}"
+    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    for key in (
+        "dist_checkpointing_path",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "grad_offload",
+        "sequence_parallel",
+        "use_dist_checkpointing",
+        "use_distributed_optimizer",
+        "use_mbridge",
+        "virtual_pipeline_model_parallel_size",
+    )
+)
 
 
 @dataclass

@@ -11,6 +11,7 @@ model) to check its data chain.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from omegaconf import DictConfig
@@ -33,10 +34,19 @@ from polyrl.lora import describe_lora
 from polyrl.registry import Registry, get_registry
 from polyrl.specs import PluginKind
 
+log = logging.getLogger(__name__)
+_noticed: set[str] = set()
+
 
 def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[str]:
     """Every problem of ``cfg``, one human-readable line each; an empty list means valid."""
     checker = Checker(cfg, registry or get_registry())
+    problems, notices = verl_lines(cfg)
+    checker.problems.extend(problems)
+    for line in notices:
+        if line not in _noticed:  # once per run (the driver validates before it starts)
+            _noticed.add(line)
+            log.warning("%s", line)
     selected = plugins.check_selection(checker)
     algorithm = step.select_algorithm(checker)
     if algorithm is not None:
@@ -54,6 +64,16 @@ def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[s
     plugins.run_plugin_checks(checker, selected)
     contracts.check_contracts(checker, selected)
     return checker.problems
+
+
+def verl_lines(cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """``(problems, notices)`` for verl's keys that polyrl refuses or that have no effect here
+    (:mod:`polyrl.config.verl_compat`)."""
+    from polyrl.config.keys import schema_keys
+    from polyrl.config.sections import schema_config
+    from polyrl.config.verl_compat import check
+
+    return check(cfg, schema_config(), set(schema_keys()))
 
 
 def summarize(cfg: DictConfig, registry: Registry | None = None) -> str:

@@ -1,5 +1,6 @@
 """The FSDP engine's config sections, at verl's places: ``fsdp_config`` of the actor, the
-reference and the critic's model, and ``use_liger`` of the model (mounted into the schema by
+reference and the critic's model, ``ulysses_sequence_parallel_size`` of those roles, and
+``use_liger`` of the model (mounted into the schema by
 :mod:`polyrl.config.sections`).
 
 Light on purpose (no torch): every composed config imports it. The reference's and the critic's
@@ -8,10 +9,13 @@ settings default to the actor's, key by key, as in verl.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from polyrl.api import following
+
 MODEL = "actor_rollout_ref.model"
+ACTOR = "actor_rollout_ref.actor"
 ACTOR_FSDP = "actor_rollout_ref.actor.fsdp_config"
 REF_FSDP = "actor_rollout_ref.ref.fsdp_config"
 CRITIC_FSDP = "critic.model.fsdp_config"
@@ -45,14 +49,22 @@ class FSDPModelSettings:
     use_liger: bool = True
 
 
-def _following_actor() -> FSDPSettings:
-    values: dict[str, Any] = {f.name: f"${{{ACTOR_FSDP}.{f.name}}}" for f in fields(FSDPSettings)}
-    return FSDPSettings(**values)
+@dataclass
+class SequenceParallelSettings:
+    """verl's Ulysses sequence parallelism of one role: each sequence split over this many
+    ranks. Only 1 is implemented; a larger size is refused by ``polyrl validate``
+    (:mod:`polyrl.config.verl_compat`)."""
+
+    ulysses_sequence_parallel_size: int = 1
 
 
-FOLLOWING_ACTOR = _following_actor()
+FOLLOWING_ACTOR = following(FSDPSettings, ACTOR_FSDP)
+SEQUENCE_PARALLEL_OF_ACTOR = following(SequenceParallelSettings, ACTOR)
 CONFIG_SECTIONS = {
     MODEL: FSDPModelSettings,
+    ACTOR: SequenceParallelSettings,
+    "actor_rollout_ref.ref": SEQUENCE_PARALLEL_OF_ACTOR,
+    "critic": SEQUENCE_PARALLEL_OF_ACTOR,
     ACTOR_FSDP: FSDPSettings,
     REF_FSDP: FOLLOWING_ACTOR,
     CRITIC_FSDP: FOLLOWING_ACTOR,

@@ -1,21 +1,63 @@
-"""The Megatron engine's config section at verl's place, ``actor_rollout_ref.actor.megatron``
-(mounted into the schema by :mod:`polyrl.config.sections`). Light on purpose (no torch or
-megatron import): every composed config imports it."""
+"""The Megatron engine's config sections at verl's places, ``megatron`` of the actor, the
+reference and the critic (mounted into the schema by :mod:`polyrl.config.sections`). Light on
+purpose (no torch or megatron import): every composed config imports it.
+
+verl's keys that this engine does not implement are declared here with verl's defaults, so
+that a verl command line is understood; a value other than the default is refused in one line
+by ``polyrl validate`` (:mod:`polyrl.config.verl_compat` names the feature and what to use). The
+reference's and the critic's settings default to the actor's, key by key, as in verl.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
+REF_MEGATRON = "actor_rollout_ref.ref.megatron"
+CRITIC_MEGATRON = "critic.megatron"
 
 
 @dataclass
 class MegatronSettings:
     """How the model is split over the workers of its pool; the data-parallel size is the rest:
-    workers / (tensor x pipeline)."""
+    workers / (tensor x pipeline x context).
+
+    ``use_mbridge``: weights are converted from the Hugging Face folder (polyrl's own converter
+    does what verl's mbridge does). ``sequence_parallel`` and ``use_distributed_optimizer`` are
+    megatron-core's defaults here. ``seed``: megatron-core's tensor-parallel RNG seed.
+    """
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Any = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: Any = None
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    use_mbridge: bool = True
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Any = None
+    seed: int = 42
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
 
 
-CONFIG_SECTIONS = {ACTOR_MEGATRON: MegatronSettings}
+def _following_actor() -> MegatronSettings:
+    values: dict[str, Any] = {
+        f.name: f"${{{ACTOR_MEGATRON}.{f.name}}}"
+        for f in fields(MegatronSettings)
+        if f.name != "override_transformer_config"
+    }
+    return MegatronSettings(**values)
+
+
+FOLLOWING_ACTOR = _following_actor()
+CONFIG_SECTIONS = {
+    ACTOR_MEGATRON: MegatronSettings,
+    REF_MEGATRON: FOLLOWING_ACTOR,
+    CRITIC_MEGATRON: FOLLOWING_ACTOR,
+}

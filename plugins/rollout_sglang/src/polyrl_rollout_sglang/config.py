@@ -15,6 +15,7 @@ verl's keys to SGLang's arguments is readable in one place:
 ``max_num_batched_tokens``                     ``max_prefill_tokens``
 ``max_num_seqs``                               ``max_running_requests``
 ``enable_prefix_caching``                      ``disable_radix_cache`` (negated)
+``enable_chunked_prefill``                     ``chunked_prefill_size`` (-1 when false)
 ``free_cache_engine``                          ``enable_memory_saver``
 ``data.max_prompt_length + max_response_len``  ``context_length`` (+ 1, see below)
 ``engine_kwargs`` (flat, or verl's ``.sglang``)  passed through unchanged, overriding the above
@@ -105,6 +106,8 @@ def build_engine_args(
         "max_prefill_tokens": int(config.max_num_batched_tokens),
         "max_running_requests": int(config.max_num_seqs),
         "disable_radix_cache": not bool(config.enable_prefix_caching),
+        # SGLang's size of one prefill chunk; -1 turns chunking off.
+        **({} if config.enable_chunked_prefill else {"chunked_prefill_size": -1}),
         # release_memory_occupation/resume_memory_occupation need SGLang's memory saver.
         "enable_memory_saver": bool(config.free_cache_engine),
         # SGLang refuses a request whose prompt + max_new_tokens reaches context_length.

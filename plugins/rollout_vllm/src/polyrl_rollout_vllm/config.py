@@ -14,6 +14,7 @@ keys to vLLM's arguments is readable in one place:
 ``max_num_batched_tokens``                     ``max_num_batched_tokens``
 ``max_num_seqs``                               ``max_num_seqs``
 ``enable_prefix_caching``                      ``enable_prefix_caching``
+``enable_chunked_prefill``                     ``enable_chunked_prefill``
 ``free_cache_engine``                          ``enable_sleep_mode`` (CUDA only)
 ``data.max_prompt_length + max_response_len``  ``max_model_len``
 ``engine_kwargs`` (flat, or verl's ``.vllm``)  passed through unchanged, overriding the above
@@ -118,6 +119,7 @@ def build_engine_args(
         "max_num_batched_tokens": max(int(config.max_num_batched_tokens), max_model_len),
         "max_num_seqs": max_num_seqs,
         "enable_prefix_caching": bool(config.enable_prefix_caching),
+        "enable_chunked_prefill": bool(config.enable_chunked_prefill),
         "max_model_len": int(max_model_len),
         "logprobs_mode": LOGPROBS_MODE,
         # Weights stream in from the trainer; a local folder only, never the hub.

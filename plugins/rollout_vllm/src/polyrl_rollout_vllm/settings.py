@@ -12,12 +12,14 @@ ROLLOUT = "actor_rollout_ref.rollout"
 
 @dataclass
 class vLLMRolloutSettings:
-    """The serving engine's batch limits: tokens and sequences per scheduler step, and whether
-    shared prompt prefixes reuse their KV cache (the n samples of one prompt do)."""
+    """The serving engine's batch limits: tokens and sequences per scheduler step, whether
+    shared prompt prefixes reuse their KV cache (the n samples of one prompt do), and whether a
+    long prompt's prefill is split over scheduler steps (chunked prefill)."""
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
 
 
 CONFIG_SECTIONS = {ROLLOUT: vLLMRolloutSettings}

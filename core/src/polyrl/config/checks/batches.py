@@ -1,4 +1,9 @@
-"""Batch arithmetic: prompts, responses and mini-batches split evenly over the actor's ranks."""
+"""Batch arithmetic: prompts, responses and mini-batches split evenly over the actor's ranks.
+
+Prompts and responses are split over every rank of the pool (each generates its share), but
+mini-batches over the *data-parallel* ranks only, as in verl: the tensor-, pipeline-, context-
+and sequence-parallel peers of one model copy share its rows.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,35 @@ def check_batches(checker: Checker) -> None:
             f"data.train_batch_size {train} x rollout.n {n} = {train * n} responses are not "
             f"divisible by the {where}"
         )
+    split = model_parallel_size(c, "actor_rollout_ref.actor")
+    if split > 1 and world % split == 0:
+        world, where = (
+            world // split,
+            f"data-parallel size {world // split} (= {where} / {split} model-parallel peers)",
+        )
     check_ppo_batches(c, "actor_rollout_ref.actor", train, n, world, where)
+
+
+# The keys that split one model copy over ranks, per training strategy (verl's names; the
+# engine plugins declare them). Their product divides the pool into data-parallel ranks.
+MODEL_PARALLEL_KEYS = {
+    "megatron": (
+        "megatron.tensor_model_parallel_size",
+        "megatron.pipeline_model_parallel_size",
+        "megatron.context_parallel_size",
+    ),
+    "fsdp": ("ulysses_sequence_parallel_size",),
+    "fsdp2": ("ulysses_sequence_parallel_size",),
+}
+
+
+def model_parallel_size(c: Checker, role: str) -> int:
+    """How many ranks hold one copy of ``role``'s model (1 when the keys are absent)."""
+    size = 1
+    for key in MODEL_PARALLEL_KEYS.get(str(c.get(f"{role}.strategy")), ()):
+        value = c.get(f"{role}.{key}")
+        size *= value if isinstance(value, int) and value >= 1 else 1
+    return size
 
 
 def check_ppo_batches(c: Checker, role: str, train: int, n: int, world: int, where: str) -> None:

@@ -1,0 +1,317 @@
+"""Extract the Hydra overrides of every verl example script that launches verl.trainer.main_ppo,
+and the keys verl's trainer config declares.
+
+Usage (with a verl git directory, e.g. the one the ``fetch`` tool brings)::
+
+    .venv/bin/python scripts/extract_verl_examples.py /path/to/verl/.git \\
+        > core/tests/fixtures/verl_examples.json
+    .venv/bin/python scripts/extract_verl_examples.py --keys /path/to/verl/.git \\
+        > core/src/polyrl/config/verl_keys.json
+
+The scripts are read, never run: a small reader of the shell forms they use (assignments with
+``${VAR:-default}``, arrays and ``"${ARR[@]}"``, ``$((...))``, quoting, continuation lines)
+expands the variables each script sets, in file order. A value the script cannot know without
+running (``$HOME``, ``$(nproc)``) stays as written; ``$@`` is dropped. Where a script assigns a
+variable in both branches of an ``if``, the later text wins: the result is one plausible command
+line per script, which is what the compatibility test needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+ENTRY = "verl.trainer.main_ppo"
+SUFFIXES = (".sh", ".slurm")
+COMMAND_ENDS = ("|", "||", "&&", ";", "&")
+ASSIGNMENT = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)(\+?)=(.*)$")
+
+
+def git(repo: str, *args: str) -> str:
+    return subprocess.run(
+        ["git", "--git-dir", repo, *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def scripts(repo: str) -> list[str]:
+    files = git(repo, "grep", "-l", ENTRY, "HEAD", "--", "examples/").splitlines()
+    return sorted(f.removeprefix("HEAD:") for f in files if f.endswith(SUFFIXES))
+
+
+def logical_lines(text: str) -> list[str]:
+    """Lines with continuations joined (a trailing comment after the backslash, which some
+    scripts carry, is dropped) and array literals spread over lines joined."""
+    joined: list[str] = []
+    current = ""
+    depth = 0
+    for raw in text.splitlines():
+        line = re.sub(r"\\\s+#.*$", r"\\", raw.rstrip())
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        depth += _open_parens(line)
+        if depth > 0:
+            current += "\n"
+            continue
+        joined.append(current)
+        current, depth = "", 0
+    if current:
+        joined.append(current)
+    return joined
+
+
+def _open_parens(line: str) -> int:
+    code = strip_comment(line)
+    if re.match(r"^\s*(?:export\s+)?[A-Za-z_]\w*\+?=\(", code):
+        return 0 if code.rstrip().endswith(")") else 1
+    return -1 if code.strip() == ")" else 0
+
+
+def strip_comment(line: str) -> str:
+    out, quote = [], None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            break
+        out.append(ch)
+    return "".join(out)
+
+
+class Shell:
+    """Variables of one script, and word expansion with them."""
+
+    def __init__(self) -> None:
+        self.vars: dict[str, str] = {}
+        self.arrays: dict[str, list[str]] = {}
+
+    def assign(self, name: str, append: bool, value: str) -> None:
+        value = value.strip()
+        if value.startswith("("):
+            words = self.words(value.strip("()\n "))
+            self.arrays[name] = (self.arrays.get(name, []) if append else []) + words
+            return
+        words = self.words(value)
+        text = words[0] if words else ""
+        self.vars[name] = self.vars.get(name, "") + text if append else text
+
+    def words(self, text: str) -> list[str]:
+        """Split ``text`` into words as the shell would, expanding variables outside single
+        quotes; an unquoted ``${ARR[@]}`` or ``"${ARR[@]}"`` becomes the array's words."""
+        words: list[str] = []
+        current: list[str] = []
+        started = False
+        i, quote = 0, None
+        text = strip_comment(text)
+        while i < len(text):
+            ch = text[i]
+            if quote == "'":
+                if ch == "'":
+                    quote = None
+                else:
+                    current.append(ch)
+                i += 1
+                continue
+            if ch == "\\" and i + 1 < len(text):
+                current.append(text[i + 1])
+                i += 2
+                continue
+            if ch in "'\"" and (quote is None or quote == ch):
+                quote = None if quote else ch
+                started = True
+                i += 1
+                continue
+            if ch == "$":
+                array = re.match(r"\$\{(\w+)\[@\]\}", text[i:])
+                if array:
+                    items = self.arrays.get(array.group(1), [])
+                    if items:
+                        current.append(items[0])
+                        if len(items) > 1:
+                            words.append("".join(current))
+                            words.extend(items[1:-1])
+                            current = [items[-1]]
+                    started = True
+                    i += array.end()
+                    continue
+                text_out, used = self.expand(text[i:])
+                current.append(text_out)
+                started = True
+                i += used
+                continue
+            if quote is None and ch in " \t\n":
+                if current or started:
+                    words.append("".join(current))
+                current, started = [], False
+                i += 1
+                continue
+            current.append(ch)
+            i += 1
+        if current or started:
+            words.append("".join(current))
+        return words
+
+    def expand(self, text: str) -> tuple[str, int]:
+        """``text`` starts with ``$``: its expansion and how many characters it used."""
+        arith = re.match(r"\$\(\(((?:[^()]|\([^()]*\))*)\)\)", text)
+        if arith:
+            expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: self.vars.get(m[1], m[1]), arith[1])
+            value = arithmetic(expr)
+            return (arith[0] if value is None else str(value)), arith.end()
+        braced = re.match(r"\$\{([A-Za-z_]\w*|\d)(?::?([-=+])([^}]*))?\}", text)
+        if braced:
+            name, op, default = braced[1], braced[2], braced[3]
+            if op == "+":  # ${VAR:+word}: word when VAR is set
+                return (default if self.vars.get(name) else ""), braced.end()
+            if name in self.vars:
+                return self.vars[name], braced.end()
+            if default is not None:
+                value = self.words(default)
+                return (value[0] if value else ""), braced.end()
+            return braced[0], braced.end()
+        plain = re.match(r"\$([A-Za-z_]\w*)", text)
+        if plain:
+            return self.vars.get(plain[1], plain[0]), plain.end()
+        if text.startswith(("$@", "$*")):
+            return "", 2
+        rest = re.match(r"\$\{@(:\d+)?\}", text)
+        if rest:
+            return "", rest.end()
+        sub = re.match(r"\$\([^)]*\)", text)
+        if sub:
+            return sub[0], sub.end()
+        return "$", 1
+
+
+def arithmetic(expr: str) -> int | None:
+    """The value of an integer expression of + - * / and parentheses, or None: the script's
+    text is parsed, never evaluated as code."""
+    import ast
+    import operator
+
+    ops = {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+        ast.Div: operator.floordiv,
+    }
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(node)
+
+    try:
+        return value(ast.parse(expr.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+
+
+def extract(text: str) -> list[str] | None:
+    shell = Shell()
+    for line in logical_lines(text):
+        code = strip_comment(line).strip()
+        if ENTRY in code:
+            words = shell.words(code)
+            start = next(i for i, w in enumerate(words) if ENTRY in w)
+            args = []
+            for word in words[start + 1 :]:
+                if word in COMMAND_ENDS or word.startswith((">", "2>")):
+                    break
+                if word.strip():
+                    args.append(word)
+            return args
+        match = ASSIGNMENT.match(code)
+        if match:
+            shell.assign(match[1], bool(match[2]), match[3])
+    return None
+
+
+CONFIGS = ("_generated_ppo_trainer.yaml", "_generated_ppo_megatron_trainer.yaml")
+
+
+def declared_keys(repo: str) -> dict[str, object]:
+    """Every leaf key of verl's two generated trainer configs with its default (an empty
+    mapping stands for a free-form group); ``_target_`` entries are class paths, not keys."""
+    import yaml
+
+    keys: dict[str, object] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if key == "_target_":
+                continue
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                keys.setdefault(f"{prefix}{key}", value)
+
+    for name in CONFIGS:
+        walk(yaml.safe_load(git(repo, "show", f"HEAD:verl/trainer/config/{name}")), "")
+    return dict(sorted(keys.items()))
+
+
+def write_keys(repo: str) -> None:
+    json.dump(
+        {
+            "source": "https://github.com/volcengine/verl (Apache-2.0): the keys of "
+            "verl/trainer/config/_generated_ppo{,_megatron}_trainer.yaml with their defaults, "
+            "extracted by scripts/extract_verl_examples.py --keys",
+            "commit": git(repo, "rev-parse", "HEAD").strip(),
+            "keys": declared_keys(repo),
+        },
+        sys.stdout,
+        indent=0,
+    )
+    print()
+
+
+def config_files(repo: str, lines: dict[str, list[str]]) -> dict[str, str]:
+    """The yaml files that ``--config-path=$(pwd)/<folder>`` of a script names."""
+    folders = {
+        arg.removeprefix("--config-path=$(pwd)/")
+        for args in lines.values()
+        for arg in args
+        if arg.startswith("--config-path=$(pwd)/")
+    }
+    files = {}
+    for folder in sorted(folders):
+        for path in git(repo, "ls-tree", "--name-only", "HEAD", f"{folder}/").splitlines():
+            if path.endswith(".yaml"):
+                files[path] = git(repo, "show", f"HEAD:{path}")
+    return files
+
+
+def main(repo: str) -> None:
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    lines = {}
+    for path in scripts(repo):
+        args = extract(git(repo, "show", f"HEAD:{path}"))
+        if args is not None:
+            lines[path] = args
+    json.dump(
+        {
+            "source": "https://github.com/volcengine/verl (Apache-2.0): the command-line "
+            "overrides of its examples/ scripts, extracted by scripts/extract_verl_examples.py",
+            "commit": commit,
+            "scripts": lines,
+            "configs": config_files(repo, lines),
+        },
+        sys.stdout,
+        indent=1,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--keys":
+        write_keys(sys.argv[2])
+    else:
+        main(sys.argv[1])
