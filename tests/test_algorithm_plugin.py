@@ -1,8 +1,9 @@
-"""A third-party algorithm plugin, written from the README alone, installed with pip and selected
+"""A third-party algorithm plugin, written from the docs alone, installed with pip and selected
 by name, adds a stage to the step of a real ``recipe=tiny`` run over Ray.
 
-The package is ``tests/fixtures/polyrl_algo_overlong``; the README's "Writing an algorithm
-plugin" shows its files verbatim (checked here), so the example a user copies is the one tested.
+The package is ``tests/fixtures/polyrl_algo_overlong``; the docs page "Writing an algorithm
+plugin" (docs/writing-plugins/algorithm.md) shows its files verbatim (checked here), so the
+example a user copies is the one tested.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ FILES = (
 def readme_blocks() -> dict[str, str]:
     """Code blocks of the README that follow a line naming their file (``# path`` or
     ``<!-- path -->``), by path."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "writing-plugins" / "algorithm.md").read_text()
     pattern = re.compile(r"`polyrl-algo-overlong/([^`]+)`:\n\n```[a-z]*\n(.*?)```", re.S)
     return {path: body for path, body in pattern.findall(text)}
 
