@@ -27,7 +27,9 @@ class MultiTurnSettings:
 
     polyrl's: ``environment`` names the environment plugin; ``env_timeout_s`` bounds each call of
     an episode's ``start``/``step``/``finish`` (a slow episode ends with ``env_timeout``, the
-    others go on)."""
+    others go on); ``max_tokens_per_turn`` (null: what is left of the episode's budget) cuts an
+    assistant turn, which the end-of-turn token then closes (not trained on) before the
+    environment answers."""
 
     enable: bool = False
     environment: str = "tools"
@@ -38,3 +40,4 @@ class MultiTurnSettings:
     tool_response_truncate_side: str = "middle"
     format: str = "hermes"
     env_timeout_s: float = 60.0
+    max_tokens_per_turn: int | None = None

@@ -7,13 +7,17 @@ RLOO, and any estimator plugin without an algorithm of its own)::
 The reward model's stage is present when ``reward_model.enable`` is true. The reference
 stage is present only when a KL term reads it (``actor.use_kl_loss`` or
 ``algorithm.use_kl_in_reward``); the KL penalty in the reward only with
-``algorithm.use_kl_in_reward``. Algorithms that need more start from this pipeline and edit it.
+``algorithm.use_kl_in_reward``. With ``actor_rollout_ref.rollout.multi_turn.enable`` the ``gen``
+and ``reward`` stages are the multi-turn ones (:mod:`polyrl.step.multi_turn`: episodes with an
+environment, under the same names), so every algorithm built on this step runs on trajectories.
+Algorithms that need more start from this pipeline and edit it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from polyrl.step.multi_turn import EpisodeGenerateStage, EpisodeRewardStage
 from polyrl.step.pipeline import StepPipeline
 from polyrl.step.reward_model import RewardModelStage
 from polyrl.step.stages import (
@@ -32,7 +36,10 @@ from polyrl.step.stages import (
 def policy_gradient_pipeline(cfg: Any) -> StepPipeline:
     """The step above for the composed config ``cfg``."""
     kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
-    stages: list[Stage] = [GenerateStage(cfg), RewardStage(cfg)]
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        stages: list[Stage] = [EpisodeGenerateStage(cfg), EpisodeRewardStage()]
+    else:
+        stages = [GenerateStage(cfg), RewardStage(cfg)]
     if cfg.reward_model.enable:
         stages.append(RewardModelStage(cfg))
     stages.append(OldLogProbStage(needed_before_update=kl_in_reward))

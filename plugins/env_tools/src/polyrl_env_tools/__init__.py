@@ -1,0 +1,1 @@
+"""Tool-using environments for polyrl's multi-turn rollouts (see :mod:`polyrl.envs`)."""

@@ -1,0 +1,137 @@
+"""The ``tools`` environment: the model calls tools (``multi_turn.format``) until it answers.
+
+Each assistant turn's parsed tool calls run concurrently, at most ``multi_turn.max_parallel_calls``
+of them (the rest are answered with an error), each under ``tool_timeout_s``. Their results are
+the next observation (``tool`` messages). A turn without tool calls is the answer: the episode
+ends (``done``) and the run's reward provider scores it against the row's ``ground_truth``, as
+verl's tool agent does, unless a verl tool reported a reward (the last one counts).
+
+What the model gets wrong it is told, and the episode goes on: an unknown tool, arguments that do
+not fit, a call that does not parse (``tool_errors``). What a tool does wrong ends its episode
+only: a call that raises (``tool_error``) or runs past its limit (``tool_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from polyrl.api import (
+    AssistantTurn,
+    Environment,
+    EnvironmentContext,
+    Episode,
+    EpisodeResult,
+    EpisodeStart,
+    Observation,
+    ToolCall,
+)
+from polyrl_env_tools.tools import Tool, ToolOutcome, call_tool, load_tool_config
+
+END_TOOL_ERROR = "tool_error"
+END_TOOL_TIMEOUT = "tool_timeout"
+
+
+class ToolEpisode(Episode):
+    """One row's conversation with the tools."""
+
+    def __init__(self, env: ToolEnvironment, row: Mapping[str, Any]) -> None:
+        self.env = env
+        self.row = row
+        self.instances: dict[str, tuple[Any, str]] = {}  # tool name -> (instance, instance id)
+        self.reward: float | None = None
+
+    async def start(self) -> EpisodeStart:
+        kwargs = dict((self.row.get("extra_info") or {}).get("tools_kwargs") or {})
+        for tool in self.env.tools.values():
+            if tool.instance_class is None:
+                continue
+            instance = tool.instance_class(tool.config, tool.schema)
+            create_kwargs = dict((kwargs.get(tool.name) or {}).get("create_kwargs") or {})
+            instance_id = await instance.create(str(uuid.uuid4()), **create_kwargs)
+            self.instances[tool.name] = (
+                instance,
+                instance_id if isinstance(instance_id, str) else "",
+            )
+        messages = list(self.row.get("messages") or [])
+        return EpisodeStart(messages=messages, tools=[t.schema for t in self.env.tools.values()])
+
+    async def step(self, turn: AssistantTurn) -> Observation:
+        if not turn.tool_calls and not turn.tool_call_errors:
+            return Observation(done=True)
+        limit = self.env.max_parallel_calls
+        calls, refused = turn.tool_calls[:limit], turn.tool_calls[limit:]
+        outcomes = await asyncio.gather(*(self._call(c) for c in calls))
+        messages = [
+            _tool_message(c, o.text if o.error is None else f"error: {o.error}")
+            for c, o in zip(calls, outcomes)
+        ]
+        messages += [
+            _tool_message(c, f"error: at most {limit} tool call(s) per turn") for c in refused
+        ]
+        messages += [{"role": "tool", "content": f"error: {e}"} for e in turn.tool_call_errors]
+        model_errors = len(refused) + len(turn.tool_call_errors)
+        model_errors += sum(o.by_model for o in outcomes)
+        metrics = {
+            "tool_calls": float(len(turn.tool_calls)),
+            "tool_errors": float(model_errors),
+            "tool_output_dropped_bytes": float(sum(o.dropped_bytes for o in outcomes)),
+        }
+        for outcome in outcomes:
+            for key, value in outcome.metrics.items():
+                metrics[f"tool/{key}"] = metrics.get(f"tool/{key}", 0.0) + value
+            if outcome.reward is not None:
+                self.reward = outcome.reward
+        failed = [o for o in outcomes if o.error is not None and not o.by_model]
+        if failed:
+            metrics["tool_errors"] += len(failed)
+            reason = END_TOOL_TIMEOUT if any(o.timeout for o in failed) else END_TOOL_ERROR
+            return Observation(messages, done=True, end_reason=reason, metrics=metrics)
+        return Observation(messages, metrics=metrics)
+
+    async def _call(self, call: ToolCall) -> ToolOutcome:
+        tool = self.env.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.env.tools)) or "none"
+            return ToolOutcome(error=f"unknown tool {call.name!r} (tools: {known})", by_model=True)
+        instance, instance_id = self.instances.get(call.name, (None, ""))
+        return await call_tool(
+            tool,
+            call.arguments,
+            instance=instance,
+            instance_id=instance_id,
+            timeout_s=self.env.timeout_s,
+            max_output_bytes=self.env.max_output_bytes,
+        )
+
+    async def finish(self, reason: str) -> EpisodeResult:
+        for instance, instance_id in self.instances.values():
+            release = getattr(instance, "release", None)
+            if release is not None:
+                await release(instance_id)
+        return EpisodeResult(reward=self.reward)
+
+
+def _tool_message(call: ToolCall, content: str) -> dict[str, Any]:
+    return {"role": "tool", "content": content, "tool_call_id": call.id, "name": call.name}
+
+
+class ToolEnvironment(Environment):
+    """Tools from ``multi_turn.tool_config_path`` (verl's YAML), or given directly (``tools``),
+    for every row."""
+
+    def __init__(self, ctx: EnvironmentContext, tools: Sequence[Tool] | None = None) -> None:
+        super().__init__(ctx)
+        multi_turn = ctx.config.actor_rollout_ref.rollout.multi_turn
+        if tools is None:
+            path = multi_turn.tool_config_path
+            tools = load_tool_config(str(path)) if path else []
+        self.tools = {tool.name: tool for tool in tools}
+        self.max_parallel_calls = int(multi_turn.max_parallel_calls)
+        self.timeout_s = float(multi_turn.tool_timeout_s)
+        self.max_output_bytes = int(multi_turn.max_tool_output_bytes)
+
+    def episode(self, row: Mapping[str, Any]) -> Episode:
+        return ToolEpisode(self, row)

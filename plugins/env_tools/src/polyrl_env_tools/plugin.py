@@ -1,0 +1,25 @@
+"""Entry point of polyrl-env-tools: the ``tools`` and ``tool_tiny`` environments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from polyrl.api import EnvironmentSpec, hookimpl
+
+
+@hookimpl
+def polyrl_environments() -> Iterator[EnvironmentSpec]:
+    yield EnvironmentSpec(
+        name="tools",
+        description="The model calls Python tools (verl's tool-config YAML, "
+        "multi_turn.tool_config_path) until it answers; the answer is scored by the reward",
+        environment="polyrl_env_tools.environment:ToolEnvironment",
+        config_sections={
+            "actor_rollout_ref.rollout.multi_turn": "polyrl_env_tools.settings:ToolSettings"
+        },
+    )
+    yield EnvironmentSpec(
+        name="tool_tiny",
+        description="The tiny model's tool task: the answer is only in the tool's message",
+        environment="polyrl_env_tools.tiny:ToolTinyEnvironment",
+    )
