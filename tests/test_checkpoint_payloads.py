@@ -210,31 +210,44 @@ def test_fsdp_actor_critic_and_lora_checkpoints_never_run_a_payload(
         assert_all_refused(outcome, DCP_FILES)
 
 
-# ---- DeepSpeed: model states, ZeRO optimizer states, extra state ----------------------------
+# ---- DeepSpeed: model states, ZeRO optimizer states, extra state (ZeRO-2 and ZeRO-3) ---------
+DS_OPTIM_STATES = "polyrl/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
 DS_CASES = {
-    "model_states": ("polyrl/mp_rank_00_model_states.pt", into_torch_file),
-    "optim_states": ("polyrl/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", into_torch_file),
-    "extra_state": ("extra_state_rank_0.pt", into_torch_file),
+    # ZeRO-2 keeps the whole module's weights in the model-states file; ZeRO-3 writes a
+    # partitioned one per rank beside its optimizer partition
+    2: {
+        "model_states": ("polyrl/mp_rank_00_model_states.pt", into_torch_file),
+        "optim_states": (DS_OPTIM_STATES, into_torch_file),
+        "extra_state": ("extra_state_rank_0.pt", into_torch_file),
+    },
+    3: {
+        "model_states": ("polyrl/zero_pp_rank_0_mp_rank_00_model_states.pt", into_torch_file),
+        "optim_states": (DS_OPTIM_STATES, into_torch_file),
+        "extra_state": ("extra_state_rank_0.pt", into_torch_file),
+    },
 }
-DS_FILES = {name: relative.rsplit("/", 1)[-1] for name, (relative, _) in DS_CASES.items()}
 
 
-def _deepspeed_scenario(rank: int, world: int, path: str, workdir: str) -> dict[str, Any]:
+def _deepspeed_scenario(
+    rank: int, world: int, path: str, workdir: str, stage: int
+) -> dict[str, Any]:
     from polyrl_engine_deepspeed.engine import DeepSpeedEngine
 
     ctx = composed_context(
-        path, model={"dtype": "bfloat16"}, actor={}, plugins={"deepspeed": {"zero_stage": 2}}
+        path, model={"dtype": "bfloat16"}, actor={}, plugins={"deepspeed": {"zero_stage": stage}}
     )
     engine = DeepSpeedEngine(ctx)
     checkpoint = committed(os.path.join(workdir, "run"), engine.save_checkpoint)
     engine.load_checkpoint(os.path.join(checkpoint, ROLE))  # the untampered one loads
-    return try_loads(checkpoint, workdir, DS_CASES, engine.load_checkpoint)
+    return try_loads(checkpoint, workdir, DS_CASES[stage], engine.load_checkpoint)
 
 
-def test_deepspeed_checkpoints_never_run_a_payload(model_dir: str, tmp_path) -> None:
+@pytest.mark.parametrize("stage", sorted(DS_CASES))
+def test_deepspeed_checkpoints_never_run_a_payload(model_dir: str, tmp_path, stage: int) -> None:
     pytest.importorskip("deepspeed")
-    (outcome,) = run_on_ranks(_deepspeed_scenario, 1, model_dir, str(tmp_path))
-    assert_all_refused(outcome, DS_FILES)
+    (outcome,) = run_on_ranks(_deepspeed_scenario, 1, model_dir, str(tmp_path), stage)
+    files = {name: relative.rsplit("/", 1)[-1] for name, (relative, _) in DS_CASES[stage].items()}
+    assert_all_refused(outcome, files)
 
 
 # ---- Megatron: the parallel rank's weights-and-optimizer shard, extra state ------------------
