@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from polyrl.errors import ConfigError
-from polyrl.fsutil import atomic_write_text, fsync_path
+from polyrl.fsutil import atomic_write_text, fsync_path, naming_full_disk
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 MARKER_FILE = "COMPLETE"
@@ -315,8 +315,15 @@ class RunLock:
             except FileExistsError:
                 self._refuse_or_clear_stale(record["host"])
                 continue
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(record, fh)
+            try:
+                with (
+                    naming_full_disk(self.path, "the run lock"),
+                    os.fdopen(fd, "w", encoding="utf-8") as fh,
+                ):
+                    json.dump(record, fh)
+            except BaseException:
+                os.unlink(self.path)  # ours (O_EXCL); left empty it would refuse the next run
+                raise
             self.held = True
             RunLock._held.add(self)
             return

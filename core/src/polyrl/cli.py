@@ -3,8 +3,8 @@
 Listing and validating must work on a machine where torch cannot even be imported, so this module
 imports only the registry and config machinery at the top; training and data commands import their
 (heavy) modules inside their handlers. Errors a user can act on (:class:`polyrl.errors.PolyrlError`)
-are printed as one ``error: ...`` line with exit status 2; anything else is a bug and keeps its
-traceback.
+are printed as one ``error: ...`` line with exit status 2 (what caused them goes to the run's log,
+:mod:`polyrl.run_log`), and so is a full disk; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from polyrl import __version__
 from polyrl.errors import PolyrlError
+from polyrl.run_log import error_line
 from polyrl.specs import PluginKind
 
 EXIT_OK = 0
@@ -207,6 +208,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     return int(train_from_overrides(args.overrides) or 0)
 
 
+# ---- polyrl export ---------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    """Exit 0 when the export's logits equal the checkpoint's, 1 when they differ."""
+    from polyrl.export import ADAPTERS, MERGED, describe, export_checkpoint
+
+    mode = ADAPTERS if args.adapters else MERGED
+    result = export_checkpoint(args.checkpoint, args.out, mode)
+    print(describe(result))
+    return EXIT_OK if result.check.passed else EXIT_INVALID
+
+
+def _add_export_command(subparsers: argparse._SubParsersAction) -> None:
+    text = "a checkpoint (global_step_N of any engine) as a Hugging Face folder, logits checked"
+    p = subparsers.add_parser("export", help=text, description=text)
+    p.add_argument("checkpoint", help="a checkpoint folder, e.g. <run folder>/global_step_40")
+    p.add_argument(
+        "--out",
+        help="the folder to write (must not exist, or be an earlier export of this checkpoint); "
+        "default: hf_model_step_N beside the checkpoint",
+    )
+    lora = p.add_mutually_exclusive_group()
+    lora.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="a LoRA checkpoint merged into its base model (the default)",
+    )
+    lora.add_argument(
+        "--adapters", action="store_true", help="a LoRA checkpoint as peft's adapter folder"
+    )
+    p.set_defaults(func=cmd_export)
+
+
 # ---- polyrl data (provided by polyrl.data.commands, loaded only when asked for) ----------------
 def _add_data_command(subparsers: argparse._SubParsersAction, load: bool) -> None:
     """Add ``polyrl data``. Its module may import heavy libraries, so it is imported only when the
@@ -276,6 +309,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     p.set_defaults(func=cmd_doctor)
 
+    _add_export_command(sub)
     _add_data_command(sub, load=_first_command(argv) == "data")
     return parser
 
@@ -351,12 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except PolyrlError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BaseException as exc:
         stop = _interruption(exc)
         if stop is None:
-            raise
+            line = error_line(exc)  # a full disk, named as such
+            if line is None:
+                raise
+            print(f"error: {line}", file=sys.stderr)
+            return EXIT_ERROR
         name, code = stop
         print(
             f"polyrl: stopped by {name}; workers shut down. Checkpoints written so far are "

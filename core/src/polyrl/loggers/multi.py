@@ -13,6 +13,7 @@ closing their files: ``LoggerGroup`` builds each selected logger through the plu
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
@@ -123,5 +124,9 @@ class LoggerGroup:
             return
         try:
             self.finish()
-        except Exception:  # noqa: BLE001 - the run's own exception matters more
-            _log.exception("a logger failed to finish while the run was failing")
+        except Exception as failure:  # noqa: BLE001 - the run's own exception matters more
+            # one line: the run's error follows, and a full disk fails both the same way
+            _log.warning(
+                "a logger failed to finish while the run was failing: %s",
+                " ".join(traceback.format_exception_only(failure)[-1].split()),
+            )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -34,10 +35,12 @@ from polyrl.checkpoint import (
 from polyrl.config import to_container
 from polyrl.data.training import TrainingData
 from polyrl.errors import ConfigError, PolyrlError
+from polyrl.fsutil import DiskFullError, naming_full_disk
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
 from polyrl.loggers.multi import LoggerGroup
 from polyrl.lora import describe_lora
 from polyrl.plan import RunPlan, assemble
+from polyrl.run_log import use_run_folder
 from polyrl.specs import resolve_object
 from polyrl.step.context import StepContext
 from polyrl.step.schedule import make_schedule
@@ -151,6 +154,7 @@ class RLTrainer:
             )
         self.world_size = world_size_of(cfg)
         self.output_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
+        use_run_folder(self.output_dir)  # where an error's details go
         self.lock = RunLock(self.output_dir)  # a second run into this folder is refused
         self.lock.acquire()
         try:
@@ -248,19 +252,27 @@ class RLTrainer:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, step: int) -> str:
-        staging = self.checkpoints.staging_dir(step)
-        self.workers.save_checkpoint(staging)
-        save_driver_state(
-            staging,
-            {
-                "step": step,
-                "loader": self.loader.state_dict(),
-                "stages": self.pipeline.state_dict(),
-                "config": to_container(self.cfg),
-                **self.schedule.save(staging),
-            },
-        )
-        return self.checkpoints.commit(step, staging)
+        what = f"the checkpoint of step {step}"
+        with naming_full_disk(self.output_dir, what):
+            staging = self.checkpoints.staging_dir(step)
+        try:
+            with naming_full_disk(self.output_dir, what):
+                self.workers.save_checkpoint(staging)
+                save_driver_state(
+                    staging,
+                    {
+                        "step": step,
+                        "loader": self.loader.state_dict(),
+                        "stages": self.pipeline.state_dict(),
+                        "config": to_container(self.cfg),
+                        **self.schedule.save(staging),
+                    },
+                )
+                return self.checkpoints.commit(step, staging)
+        except DiskFullError:
+            # this save's own half-written folder: left there, it would keep the disk full
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
     def _check_resume_config(self, checkpoint: str) -> None:
         """Report what changed since the checkpoint's run; refuse a change the checkpoint would
@@ -289,9 +301,11 @@ class RLTrainer:
         if not self.cfg.trainer.export_hf_model:
             return None
         run_id = self.checkpoints.run_id
+        target = os.path.join(self.output_dir, "hf_model")
         if not export_is_current(self.output_dir, run_id, self.total_steps):
-            install_export(self.output_dir, run_id, self.total_steps, self.workers.export_hf)
-        return os.path.join(self.output_dir, "hf_model")
+            with naming_full_disk(target, "the Hugging Face export"):
+                install_export(self.output_dir, run_id, self.total_steps, self.workers.export_hf)
+        return target
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -352,7 +366,8 @@ class RLTrainer:
                 metrics["training/epoch"] = float(self.loader.epoch)
                 metrics.update(pending)
                 pending = {}
-                loggers.log(metrics, step)
+                with naming_full_disk(self.output_dir, f"the metrics of step {step}"):
+                    loggers.log(metrics, step)
                 self._finished_steps = step
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)

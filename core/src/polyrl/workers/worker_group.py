@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from polyrl.batch import Batch
 from polyrl.errors import PolyrlError
+from polyrl.run_log import keep
 from polyrl.workers.cluster_probe import alive_node_addresses, wait_until
 from polyrl.workers.group import SPMDGroup, WorkerError
 from polyrl.workers.nodes import alive_nodes, check_nodes_available, placed_nodes, plan_nodes
@@ -402,18 +403,13 @@ class WorkerGroup(SPMDGroup):
         return ray.get(refs)
 
     def _keep_traceback(self, text: str) -> str:
-        """Append the worker's whole traceback to ``<log_dir>/worker_errors.log``; the suffix
-        that points the one-line message there (empty without a log folder)."""
+        """Append the worker's whole traceback to ``<log_dir>/worker_errors.log`` (the temporary
+        folder's when the run's disk is full, :func:`polyrl.run_log.keep`); the suffix that
+        points the one-line message there (empty when it could be written nowhere)."""
         if not self.log_dir:
             return ""
-        path = os.path.join(self.log_dir, WORKER_ERROR_LOG)
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} pool {self.name}\n{text}\n")
-        except OSError:
-            return ""
-        return f" (worker traceback in {path})"
+        path = keep(f"pool {self.name}\n{text}", folder=self.log_dir, name=WORKER_ERROR_LOG)
+        return f" (worker traceback in {path})" if path else ""
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the actors (their ``shutdown()`` first, when the group has not failed: a rank
