@@ -13,9 +13,10 @@ Accepted forms (checked in this order):
   first, then the hub); when neither has it, a :class:`~polyrl.errors.ConfigError` asks for a
   local folder or a ``.gguf`` file.
 
-Why one function: the driver, the training workers and the rollout workers all need the same local
-folder; resolving in each process is cheap after the first time (the cache is shared and guarded
-against concurrent builds, see :mod:`polyrl.models.cache`).
+A local folder's files and a GGUF file's header are checked first (:mod:`polyrl.models.files`): a
+damaged one is one line naming the file. Why one function: the driver, the training workers and the
+rollout workers all need the same local folder; resolving in each process is cheap after the first
+time (the cache is shared and guarded against concurrent builds, see :mod:`polyrl.models.cache`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from polyrl.errors import ConfigError
 from polyrl.models.cache import build_once, default_cache_dir, is_hf_folder
+from polyrl.models.files import check_gguf_file, check_model_folder
 
 BUILTIN_PREFIX = "builtin:"
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -61,6 +63,7 @@ def resolve_model_path(path: str, *, cache_dir: str | None = None) -> str:
     local = Path(path).expanduser()
     if local.is_dir():
         if is_hf_folder(local):
+            check_model_folder(local)
             return os.fspath(local.resolve())
         raise ConfigError(
             f"actor_rollout_ref.model.path={path!r} is a folder without config.json, so it is not "
@@ -69,6 +72,7 @@ def resolve_model_path(path: str, *, cache_dir: str | None = None) -> str:
         )
     if local.is_file():
         if local.suffix.lower() == ".gguf":
+            check_gguf_file(os.fspath(local))
             return convert_gguf_cached(os.fspath(local.resolve()), cache)
         raise ConfigError(
             f"actor_rollout_ref.model.path={path!r} is a file but not a .gguf file; pass a "
@@ -147,7 +151,16 @@ def convert_gguf_cached(gguf_path: str, cache: Path) -> str:
             file=sys.stderr,
             flush=True,
         )
-        convert_gguf(gguf_path, tmp)
+        try:
+            convert_gguf(gguf_path, tmp)
+        except ConfigError:
+            raise
+        except Exception as exc:  # the file is the user's: one line, the details logged
+            raise ConfigError(
+                f"{gguf_path} could not be converted ({type(exc).__name__}: "
+                f"{(str(exc).splitlines() or [''])[0]}); is it a complete GGUF file of a model "
+                "architecture transformers reads? Else pass a Hugging Face folder"
+            ) from exc
         Path(tmp, "polyrl_source.json").write_text(json.dumps({"gguf": gguf_path}))
 
     return build_once(target, build)
@@ -232,4 +245,5 @@ def _snapshot_from_hub(repo_id: str) -> str:
             f"hub repository {repo_id!r} has no config.json; it is not a transformers model. "
             "Pass a local Hugging Face folder or a .gguf file"
         )
+    check_model_folder(folder)
     return folder

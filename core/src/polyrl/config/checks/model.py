@@ -1,5 +1,6 @@
 """The model: ``actor_rollout_ref.model.path`` is set and exists (a ``builtin:`` model is known
-and, for SmolLM2, installed). Nothing is loaded."""
+and, for SmolLM2, installed), and a local folder's or GGUF file's structure is sound
+(:mod:`polyrl.models.files`: JSON parses, headers fit). No tensor is loaded."""
 
 from __future__ import annotations
 
@@ -33,6 +34,21 @@ def check_model(checker: Checker) -> None:
         return
     if looks_local(path) and not os.path.exists(os.path.expanduser(path)):
         checker.add(f"{key}={path!r} does not exist: give an existing model folder or .gguf file")
+        return
+    _check_local_files(checker, os.path.expanduser(path))
+
+
+def _check_local_files(checker: Checker, path: str) -> None:
+    from polyrl.models.cache import is_hf_folder
+    from polyrl.models.files import check_gguf_file, check_model_folder
+
+    try:
+        if os.path.isdir(path) and is_hf_folder(path):
+            check_model_folder(path)
+        elif os.path.isfile(path) and path.lower().endswith(".gguf"):
+            check_gguf_file(path)
+    except PolyrlError as exc:
+        checker.add(str(exc))
 
 
 def _check_builtin_model(checker: Checker, key: str, path: str) -> None:
