@@ -15,8 +15,8 @@ from the newest complete checkpoint). Afterwards:
   logged step minus the checkpoint resumed from for driver kills) and the wall-time overhead
   against the undisturbed run.
 
-    python benchmarks/chaos.py                    # 40 steps, 3 worker kills, 2 driver kills
-    python benchmarks/chaos.py --steps 100 --worker-kills 6 --driver-kills 4
+    python benchmarks/chaos.py                    # 100 steps, 6 worker kills, 4 driver kills
+    python benchmarks/chaos.py --steps 6 --worker-kills 1 --driver-kills 1 --concurrent  # the test
     python benchmarks/chaos.py --json report.json # the report as JSON too
 
 Exit status 0 when every check holds, 1 otherwise.
@@ -49,6 +49,7 @@ ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 RUN_TIMEOUT_S = 900
+STEP_LINE = re.compile(r"^\[polyrl\] step (\d+)/", re.MULTILINE)
 
 
 def train_command(
@@ -82,11 +83,23 @@ class Attempt:
     """One start of the command, in a session of its own (so that all of it can be killed)."""
 
     def __init__(self, cmd: list[str], log: Path) -> None:
+        self.log = log
+        self.log_start = log.stat().st_size if log.exists() else 0
         with open(log, "a") as fh:
             self.proc = subprocess.Popen(
                 cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **ENV},
             )  # fmt: skip
+
+    def trained_step(self) -> int:
+        """The last step this attempt has trained (0 before its first). Not metrics.jsonl's last
+        step: after a driver kill that still holds the steps of the attempt before, and a kill
+        planned at one of them would strike while the workers start, before the controller
+        can restart anything."""
+        with open(self.log, "rb") as fh:
+            fh.seek(self.log_start)
+            found = STEP_LINE.findall(fh.read().decode("utf-8", "replace"))
+        return int(found[-1]) if found else 0
 
     def session(self) -> list[psutil.Process]:
         found = []
@@ -131,11 +144,22 @@ class Report:
     chaos_wall_s: float = 0.0
     weights_equal: bool = False
     every_step_once: bool = False
+    cpus: int = field(default_factory=lambda: os.cpu_count() or 0)
+    # the machine's 1-minute load average as each run ended (other work shares the cores)
+    load_after_reference: float = 0.0
+    load_after_chaos: float = 0.0
     problems: list[str] = field(default_factory=list)
 
     @property
-    def overhead(self) -> float:
-        return self.chaos_wall_s / self.reference_wall_s - 1 if self.reference_wall_s else 0.0
+    def overhead(self) -> float | None:
+        """Wall time lost to the kills, as a share of the undisturbed run's (None: the runs
+        were concurrent)."""
+        return self.chaos_wall_s / self.reference_wall_s - 1 if self.reference_wall_s else None
+
+    def _against(self) -> str:
+        if self.overhead is None:
+            return " (the undisturbed run beside it: no overhead measured)"
+        return f" vs {self.reference_wall_s:.0f} s undisturbed (+{100 * self.overhead:.0f}%)"
 
     def text(self) -> str:
         return (
@@ -143,18 +167,19 @@ class Report:
             f"({self.restarts} controller restart(s), {self.steps_lost_to_worker_kills} step(s) "
             f"trained again) and {self.driver_kills} driver kill(s) "
             f"({self.steps_lost_to_driver_kills} step(s) trained again); wall "
-            f"{self.chaos_wall_s:.0f} s vs {self.reference_wall_s:.0f} s undisturbed "
-            f"(+{100 * self.overhead:.0f}%); final weights bitwise equal: {self.weights_equal}; "
-            f"every step logged exactly once: {self.every_step_once}"
+            f"{self.chaos_wall_s:.0f} s{self._against()}; final weights bitwise equal: "
+            f"{self.weights_equal}; "
+            f"every step logged exactly once: {self.every_step_once}; {self.cpus} CPUs, load "
+            f"{self.load_after_reference:.1f} / {self.load_after_chaos:.1f} after each run"
         )
 
 
-def wait_for_step(attempt: Attempt, out: Path, step: int) -> bool:
-    """Until the run has logged ``step`` (False when it ended first)."""
+def wait_for_step(attempt: Attempt, step: int) -> bool:
+    """Until this attempt has trained ``step`` or a later one (False when it ended first)."""
     while attempt.proc.poll() is None:
-        if (metric_steps(out) or [0])[-1] >= step:
+        if attempt.trained_step() >= step:
             return True
-        time.sleep(0.01)
+        time.sleep(0.05)
     return False
 
 
@@ -181,7 +206,7 @@ def chaos_run(args: argparse.Namespace, out: Path, log: Path, report: Report) ->
     plan = list(zip(at_steps, kinds))
     for attempt_number in range(len(plan) + 3):
         attempt = Attempt(cmd, log)
-        while plan and wait_for_step(attempt, out, plan[0][0]):
+        while plan and wait_for_step(attempt, plan[0][0]):
             _step, kind = plan.pop(0)
             time.sleep(random.uniform(0.0, 0.3))
             if kind == "worker":
@@ -212,13 +237,19 @@ def compare_weights(reference: Path, chaos: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--save-freq", type=int, default=2)
-    parser.add_argument("--worker-kills", type=int, default=3)
-    parser.add_argument("--driver-kills", type=int, default=2)
+    parser.add_argument("--worker-kills", type=int, default=6)
+    parser.add_argument("--driver-kills", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="of the kill plan")
     parser.add_argument("--dir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--json", type=Path, default=None, help="write the report here too")
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run the undisturbed run beside the chaos run (faster; the two share the machine, "
+        "so no wall-time overhead is measured)",
+    )
     parser.add_argument("overrides", nargs="*", help="more polyrl train overrides, for both runs")
     args = parser.parse_args(argv)
     if args.worker_kills + args.driver_kills >= args.steps:
@@ -228,19 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     report = Report(steps=args.steps)
 
-    reference = root / "reference"
+    reference, chaos = root / "reference", root / "chaos"
     start = time.monotonic()
     ref_cmd = train_command(reference, args.steps, args.save_freq, 0, args.overrides)
     ref = Attempt(ref_cmd, root / "reference.log")
-    if ref.proc.wait(timeout=RUN_TIMEOUT_S) != 0:
-        print(f"the undisturbed run failed: see {root / 'reference.log'}", file=sys.stderr)
-        return 1
-    report.reference_wall_s = time.monotonic() - start
-
-    chaos = root / "chaos"
+    if not args.concurrent:
+        if ref.proc.wait(timeout=RUN_TIMEOUT_S) != 0:
+            print(f"the undisturbed run failed: see {root / 'reference.log'}", file=sys.stderr)
+            return 1
+        report.reference_wall_s = time.monotonic() - start
+        report.load_after_reference = os.getloadavg()[0]
     start = time.monotonic()
     chaos_run(args, chaos, root / "chaos.log", report)
     report.chaos_wall_s = time.monotonic() - start
+    report.load_after_chaos = os.getloadavg()[0]
+    if ref.proc.wait(timeout=RUN_TIMEOUT_S) != 0:
+        print(f"the undisturbed run failed: see {root / 'reference.log'}", file=sys.stderr)
+        return 1
     restarts_file = chaos / "restarts.jsonl"
     if restarts_file.exists():
         restarts = [json.loads(line) for line in restarts_file.read_text().splitlines()]
