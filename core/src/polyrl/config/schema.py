@@ -286,8 +286,9 @@ class RewardModelConfig:
     failure_window_steps: int = 2
     # Where scoring functions run. auto: the built-in scorers (some evaluate model output) in
     # sandboxed workers, custom_reward_function in plain workers (the user's own code) | always:
-    # both sandboxed (custom code marked untrusted) | never: plain workers for both. With
-    # num_workers=0 scoring runs in the driver, unsandboxed (auto; always refuses it)
+    # both sandboxed (custom code marked untrusted) | never: plain workers for both (one line
+    # names the scorers that then evaluate model output unsandboxed). num_workers=0 scores in
+    # the driver only what is not sandboxed; the rest in one sandboxed child
     sandbox: str = "auto"
     sandbox_memory_mb: int = 4096  # address-space limit of one sandboxed reward worker
 

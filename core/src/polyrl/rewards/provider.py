@@ -3,6 +3,7 @@ dispatcher by ``data_source``), run by :class:`polyrl.rewards.runner.RewardRunne
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from polyrl.config.nodes import schema_node
@@ -11,14 +12,15 @@ from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.custom import check_custom_function
 from polyrl.rewards.runner import RewardRunner
 from polyrl.rewards.sandbox import SandboxLimits
-from polyrl.rewards.scorers import plugin_scorer_refs
+from polyrl.rewards.scorers import EVALUATING_SCORERS, plugin_scorer_refs
 
 
 class NaiveRewardProvider(RewardProvider):
     """Scores each sample with ``custom_reward_function`` when its ``path`` is set, else with
     :func:`polyrl.rewards.scorers.default_compute_score`.
 
-    Config: ``reward_model.num_workers`` (0: in-process), ``.timeout_s``, ``.failure_score``,
+    Config: ``reward_model.num_workers`` (0: in the driver, or one sandboxed child when the
+    scorers are sandboxed), ``.timeout_s``, ``.failure_score``,
     ``.on_error`` (``score`` | ``raise``), ``.sandbox`` (which scorers run sandboxed, see
     :func:`sandbox_limits`); installed plugins' data-source scorers read their own keys. The
     worker pool starts here and lives until :meth:`close`. The context's nodes are read by
@@ -38,6 +40,8 @@ class NaiveRewardProvider(RewardProvider):
             check_custom_function(path, name, float(custom.load_timeout_s))
         plugins = {} if path else plugin_scorer_refs(rm)
         scorer = ScorerRef(path=str(path) if path else None, name=name, plugins=plugins)
+        if str(rm.sandbox) == "never" and not path:
+            print(unsandboxed_line(int(rm.num_workers), plugins), file=sys.stderr, flush=True)
         self.runner = RewardRunner(
             scorer,
             num_workers=int(rm.num_workers),
@@ -58,11 +62,22 @@ class NaiveRewardProvider(RewardProvider):
 def sandbox_limits(rm: Any, *, custom: bool) -> SandboxLimits | None:
     """The limits of sandboxed reward workers, or None for plain ones: ``reward_model.sandbox``
     ``never``, or ``auto`` with a custom function (the user's own code, which may need the
-    network or files: mark it untrusted with ``always``) or with ``num_workers=0`` (scoring in
-    the driver, which only a worker process can sandbox: the user asked for in-process scoring;
-    ``always`` refuses that combination)."""
+    network or files: mark it untrusted with ``always``). ``num_workers=0`` does not lift the
+    sandbox: the runner then scores in one sandboxed child instead of the driver."""
     mode = str(rm.sandbox)
-    in_driver = int(rm.num_workers) == 0
-    if mode == "never" or (mode == "auto" and (custom or in_driver)):
+    if mode == "never" or (mode == "auto" and custom):
         return None
     return SandboxLimits(memory_mb=int(rm.sandbox_memory_mb))
+
+
+def unsandboxed_line(num_workers: int, plugins: dict[str, Any]) -> str:
+    """The one line a run with ``reward_model.sandbox=never`` prints: which scorers then
+    evaluate model output outside the sandbox, and where."""
+    where = "in the driver process" if num_workers == 0 else "in plain reward worker processes"
+    scorers = [*EVALUATING_SCORERS]
+    if plugins:
+        scorers.append(f"the installed plugins' scorers of {', '.join(sorted(plugins))}")
+    return (
+        f"polyrl: reward_model.sandbox=never: model output is evaluated without the sandbox, "
+        f"{where}, by {', '.join(scorers)}; set reward_model.sandbox=auto to sandbox them"
+    )

@@ -10,7 +10,7 @@ start-up (imports) is the expensive part on a small machine.
 
 ``num_workers=0`` scores in the calling process, each sample in a daemon thread joined with the
 timeout: the call still returns on time, but a hung function cannot be killed (its thread is left
-behind) — use worker processes for untrusted code.
+behind) — use worker processes for untrusted code. With a sandbox, 0 means one sandboxed worker.
 
 With ``sandbox`` (:class:`~polyrl.rewards.sandbox.SandboxLimits`) each worker runs in the sandbox
 (:mod:`polyrl.rewards.sandbox`) and speaks JSON: for scorers that evaluate model output and for
@@ -113,16 +113,13 @@ class RewardRunner:
         if num_workers < 0:
             raise ConfigError(f"reward_model.num_workers={num_workers} must be 0 or more")
         self.scorer = scorer
-        self.num_workers = int(num_workers)
+        # With a sandbox, 0 (score in the driver) becomes one sandboxed child: only a separate
+        # process can be sandboxed, and asking for in-process scoring must not lift it.
+        self.num_workers = max(1, int(num_workers)) if sandbox is not None else int(num_workers)
         self.timeout_s = float(timeout_s)
         self.failure_score = float(failure_score)
         self.on_error = on_error
         self.max_consecutive_timeouts = int(max_consecutive_timeouts)
-        if sandbox is not None and self.num_workers == 0:
-            raise ConfigError(
-                "reward_model.num_workers=0 scores in the driver process, which cannot be "
-                "sandboxed: set reward_model.num_workers>=1 or reward_model.sandbox=never"
-            )
         self.sandbox = sandbox
         self._fn = scorer.load() if self.num_workers == 0 else None
         self._ctx = multiprocessing.get_context(start_method or _default_start_method())

@@ -22,7 +22,9 @@ applied in ``POLYRL_SANDBOX``):
 - a fresh working directory (deleted afterwards) that is the only writable place when a mount
   namespace is available (everything else read-only); a clean, minimal environment;
 - not root: a process started as root switches to ``nobody``;
-- JSON over pipes to talk to it: nothing it sends is unpickled.
+- JSON over pipes to talk to it: nothing it sends is unpickled;
+- a cap on what a long-lived worker prints (:class:`CappedOutput`): a bounded head reaches the
+  console, the rest is counted and dropped but for a bounded tail shown when it stops.
 
 What it does NOT protect against (say so, do not assume otherwise): reading files the user can
 read (and, when Python is installed in a root-only folder, any file: the sandbox keeps the right
@@ -363,9 +365,88 @@ def serve_stdio() -> JsonLines:
     return JsonLines(os.fdopen(0, "rb"), out)
 
 
+#: What a sandboxed worker may print to the console over its life; past it, its output is
+#: dropped (counted) but for the last ``OUTPUT_TAIL_BYTES``, shown when the worker stops.
+OUTPUT_HEAD_BYTES = 64 << 10
+OUTPUT_TAIL_BYTES = 16 << 10
+
+
+class CappedOutput:
+    """Drains a worker's output pipe in a thread: the first ``head`` bytes go to the console as
+    they come, the rest is counted and dropped but for the last ``tail`` bytes, which
+    :meth:`close` shows with how much was dropped. Why: code in the sandbox (a reward function,
+    model output it runs) can print without end -- hundreds of MB reached the console in one
+    step -- and nothing it does may flood the run's console or the driver's memory."""
+
+    def __init__(
+        self,
+        pipe: IO[bytes],
+        name: str,
+        *,
+        head: int = OUTPUT_HEAD_BYTES,
+        tail: int = OUTPUT_TAIL_BYTES,
+        console: IO[str] | None = None,
+    ) -> None:
+        self.name, self.head, self.tail = name, head, tail
+        self.shown = self.dropped = 0
+        self._console = console
+        self._pipe = pipe
+        self._last = bytearray()
+        self._thread = threading.Thread(target=self._drain, name=f"{name}-output", daemon=True)
+        self._thread.start()
+
+    def _write(self, text: str) -> None:
+        console = self._console or sys.stderr
+        with contextlib.suppress(OSError, ValueError):
+            console.write(text)
+            console.flush()
+
+    def _drain(self) -> None:
+        fd = self._pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            room = max(0, self.head - self.shown)
+            if room:
+                shown = data[:room]
+                self.shown += len(shown)
+                self._write(shown.decode("utf-8", "replace"))
+                data = data[room:]
+                if data:
+                    self._write(
+                        f"\n[polyrl] {self.name} printed more than {self.head} bytes: the rest "
+                        f"is dropped (its last {self.tail} bytes are shown when it stops)\n"
+                    )
+            if data:
+                self.dropped += len(data)
+                self._last += data
+                del self._last[: -self.tail]
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Wait for the pipe to close (the worker has ended), then show the tail of what was
+        dropped; idempotent."""
+        self._thread.join(timeout_s)
+        if self.dropped:
+            kept = len(self._last)
+            self._write(
+                f"[polyrl] {self.name}: {self.dropped} bytes of its output were dropped; the "
+                f"last {kept} of them:\n{self._last.decode('utf-8', 'replace')}\n"
+                f"[polyrl] end of {self.name}'s output\n"
+            )
+            self.dropped = 0
+
+
 class SandboxedProcess:
     """A long-lived sandboxed worker running ``target`` (``module:function``, called with
-    ``args``), with the few ``multiprocessing.Process`` members the reward runner uses."""
+    ``args``), with the few ``multiprocessing.Process`` members the reward runner uses. What it
+    prints (stdout and stderr: the JSON channel has its own descriptor) is capped
+    (:class:`CappedOutput`)."""
 
     def __init__(self, target: str, args: list[Any], limits: SandboxLimits, name: str) -> None:
         self.name = name
@@ -374,12 +455,15 @@ class SandboxedProcess:
             _command(target, args, self.workdir, limits),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             cwd=self.workdir,
             env=clean_env(self.workdir),
             start_new_session=True,
         )
         assert self._proc.stdin is not None and self._proc.stdout is not None
+        assert self._proc.stderr is not None
         self.conn = JsonLines(self._proc.stdout, self._proc.stdin)
+        self.output = CappedOutput(self._proc.stderr, f"reward worker {name}")
         self.sentinel = os.pidfd_open(self._proc.pid)
         self._released = False
 
@@ -410,4 +494,5 @@ class SandboxedProcess:
         for closer in (self.conn.close, lambda: os.close(self.sentinel)):
             with contextlib.suppress(OSError):
                 closer()
+        self.output.close()
         shutil.rmtree(self.workdir, ignore_errors=True)

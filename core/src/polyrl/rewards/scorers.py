@@ -60,6 +60,12 @@ MATH_SOURCES = (
 )
 EXACT_SOURCES = ("exact_match", "exact_match/strict")
 TINY_DIGITS_SOURCE = "polyrl/tiny_digits"
+#: The built-in scorers that evaluate model output (parse and compute the expressions it
+#: writes), which is why ``reward_model.sandbox=auto`` runs the built-in scorers sandboxed.
+EVALUATING_SCORERS = (
+    "math_verify (the MATH-style sources: math, lighteval/MATH, math_dapo, aime, ...)",
+    "reasoning-gym's task scorers (reasoning_gym/<task>)",
+)
 
 
 # ---- answer extraction --------------------------------------------------------------------------
