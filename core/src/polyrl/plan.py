@@ -196,10 +196,6 @@ def _settings_lines(cfg: Any, reg: Registration) -> list[str]:
     return [f"plugins.{reg.name}.{key} = {value!r}" for key, value in settings.items()]
 
 
-# Kinds selected only when a flag key is true: the environment only for multi-turn rollouts.
-FLAGGED_KINDS = {PluginKind.ENVIRONMENT: "actor_rollout_ref.rollout.multi_turn.enable"}
-
-
 def _plugin_names(value: Any) -> list[str]:
     if value is None or value == "":
         return []
@@ -216,11 +212,11 @@ def select_plugins(
 ) -> dict[str, Registration]:
     """The registration each config key of ``kinds`` (and each of ``algorithm``'s
     ``plugin_keys``) selects, by config key; loggers as ``trainer.logger[i]``. A kind of
-    :data:`FLAGGED_KINDS` is selected when its flag is true."""
+    :attr:`~polyrl.specs.PluginKind.flag` is selected when its flag is true."""
     from omegaconf import OmegaConf
 
     plugins: dict[str, Registration] = {}
-    flagged = [k for k, flag in FLAGGED_KINDS.items() if OmegaConf.select(cfg, flag)]
+    flagged = [k for k in PluginKind if k.flag and OmegaConf.select(cfg, k.flag)]
     for kind in (*kinds, *flagged):
         value = OmegaConf.select(cfg, kind.config_key)
         if kind is PluginKind.LOGGER:

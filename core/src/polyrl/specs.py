@@ -33,6 +33,12 @@ class PluginKind(str, Enum):
     def config_key(self) -> str:
         return _CONFIG_KEYS[self]
 
+    @property
+    def flag(self) -> str | None:
+        """The boolean config key without which no plugin of this kind is selected (None: one
+        always is)."""
+        return _FLAGS.get(self)
+
 
 _CONFIG_KEYS = {
     PluginKind.TRAINING_ENGINE: "actor_rollout_ref.actor.strategy",
@@ -48,6 +54,8 @@ _CONFIG_KEYS = {
     # selected only when actor_rollout_ref.rollout.multi_turn.enable is true
     PluginKind.ENVIRONMENT: "actor_rollout_ref.rollout.multi_turn.environment",
 }
+# Kinds selected only when a flag key is true: the environment only for multi-turn rollouts.
+_FLAGS = {PluginKind.ENVIRONMENT: "actor_rollout_ref.rollout.multi_turn.enable"}
 
 
 def resolve_object(target: Any) -> Any:
@@ -111,6 +119,11 @@ class TrainingEngineSpec(_Spec):
     ``engine`` is a :class:`polyrl.interfaces.TrainingEngine` subclass or an import string to one.
     ``supports_value_head``: it builds :attr:`polyrl.interfaces.training_engine.ModelHead.VALUE`
     models (``compute_values``, ``train_value_step``), so it can run a PPO critic.
+    ``checkpoint_reader`` (an import string or callable) lets ``polyrl export`` turn the
+    engine's checkpoints into Hugging Face folders without starting the engine's ranks:
+    ``read(role_dir, cfg, model_path) -> torch.nn.Module`` returns the model a checkpoint's
+    role folder holds, whole, on the CPU in float32 (a transformers model; a peft model for a
+    LoRA checkpoint), given the run config it was saved with and the local model folder.
     """
 
     engine: type | str = ""
@@ -122,6 +135,7 @@ class TrainingEngineSpec(_Spec):
     supports_checkpoint: bool = True
     supports_value_head: bool = False
     config_class: type | str | None = None
+    checkpoint_reader: Callable[..., Any] | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:
         return {

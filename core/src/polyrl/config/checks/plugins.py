@@ -93,6 +93,8 @@ def check_selection(checker: Checker) -> dict[str, Registration]:
             for reg in checker.registry.all(kind):
                 selected[f"{kind.config_key}[{reg.name}]"] = reg
             continue
+        if kind.flag and checker.get(kind.flag) is not True:  # e.g. no multi-turn: no environment
+            continue
         key = kind.config_key
         value = checker.get(key)
         if kind is PluginKind.LOGGER:
