@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api import load_plain
-from polyrl_engine_kit.checkpoint import CheckpointError
+from polyrl_engine_kit.checkpoint import CheckpointError, model_in_one_process
 
 TAG = "polyrl"
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
@@ -67,6 +68,45 @@ def _tensor_only_reads(engine: Any) -> Iterator[None]:
         yield
     finally:
         engine.checkpoint_engine = inner
+
+
+class _TensorOnlyTorch:
+    """``torch`` as DeepSpeed's ``zero_to_fp32`` module sees it while polyrl reads a checkpoint
+    with it: ``torch.load`` is :func:`polyrl.api.load_plain`, everything else is torch's."""
+
+    def __init__(self) -> None:
+        self._allowed = deepspeed_classes()
+
+    def load(self, path: str, map_location: Any = None, **_ignored: Any) -> Any:
+        return load_plain(path, self._allowed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
+    """The model of the checkpoint at ``path`` whole on this process's CPU, in float32, for
+    ``polyrl export`` (the spec's ``checkpoint_reader``): the fp32 master weights consolidated
+    from every rank's ZeRO partition (stage 1, 2 or 3) by DeepSpeed's own ``zero_to_fp32``,
+    whose file reads are tensor-only (:class:`_TensorOnlyTorch`), in one process of any size.
+    """
+    from deepspeed.utils import zero_to_fp32
+
+    if not os.path.isdir(os.path.join(path, TAG)):
+        raise CheckpointError(
+            f"{path!r} is not a DeepSpeed engine checkpoint (no {TAG}/ folder); pass the folder "
+            f"that save_checkpoint wrote"
+        )
+    model, _settings = model_in_one_process(cfg, model_path)
+    module_torch = zero_to_fp32.torch
+    zero_to_fp32.torch = _TensorOnlyTorch()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # its progress lines are not our output
+            state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(path, tag=TAG)
+    finally:
+        zero_to_fp32.torch = module_torch
+    model.load_state_dict(state)
+    return model
 
 
 def save(path: str, engine: Any, extra: dict[str, Any]) -> None:

@@ -29,4 +29,5 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         runtime_modules=("torch", "deepspeed"),
         config_class="polyrl_engine_deepspeed.settings:DeepSpeedSettings",
         config_check="polyrl_engine_deepspeed.checks:check_config",
+        checkpoint_reader="polyrl_engine_deepspeed.checkpoint:read_checkpoint",
     )

@@ -33,7 +33,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from polyrl.api import SafeFileSystemReader, load_plain
-from polyrl_engine_kit.checkpoint import EXTRA_STATE, CheckpointError, copy_tokenizer
+from polyrl_engine_kit.checkpoint import (
+    EXTRA_STATE,
+    CheckpointError,
+    copy_tokenizer,
+    model_in_one_process,
+)
 from polyrl_engine_kit.moved import moved_names
 
 __getattr__ = moved_names(
@@ -90,13 +95,8 @@ def load_sharded(
     """Load the shards into ``model``/``optimizer`` in place (the model's tensors named in
     ``keep``, all when None); return this rank's extra state (rank 0's when the checkpoint was
     written by fewer ranks)."""
-    if not os.path.isfile(os.path.join(path, ".metadata")):
-        raise CheckpointError(
-            f"{path!r} is not an FSDP engine checkpoint (no DCP .metadata file); pass the folder "
-            f"that save_checkpoint wrote"
-        )
+    saved = _saved_keys(path)
     state = _dcp_state(model, optimizer, keep)
-    saved = set(SafeFileSystemReader(path).read_metadata().state_dict_metadata)
     if optimizer is not None and not any(key.startswith("optim.") for key in saved):
         raise CheckpointError(
             f"{path!r} holds no optimizer state (written by a non-trainable engine); "
@@ -121,6 +121,38 @@ def load_sharded(
     if not os.path.isfile(extra_path):
         raise CheckpointError(f"{path!r} lacks {EXTRA_STATE.format(rank=0)} (incomplete save?)")
     return load_plain(extra_path)
+
+
+def _saved_keys(path: str) -> set[str]:
+    """The flattened names of what the DCP checkpoint at ``path`` holds."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CheckpointError(
+            f"{path!r} is not an FSDP engine checkpoint (no DCP .metadata file); pass the folder "
+            f"that save_checkpoint wrote"
+        )
+    return set(SafeFileSystemReader(path).read_metadata().state_dict_metadata)
+
+
+def read_checkpoint(path: str, cfg: Any, model_path: str) -> nn.Module:
+    """The model of the checkpoint at ``path`` whole on this process's CPU, in float32, for
+    ``polyrl export`` (the spec's ``checkpoint_reader``): no process group, any number of
+    ranks having written it (DCP reads each tensor from the shards that hold its parts).
+
+    ``cfg`` is the run config it was saved with: a LoRA run's checkpoint holds the adapters
+    only, so the model is the base model of ``model_path`` wrapped by peft as the run did, with
+    the saved adapters.
+    """
+    from polyrl_engine_fsdp.lora import adapter_names, apply_lora
+
+    saved = _saved_keys(path)
+    model, settings = model_in_one_process(cfg, model_path)
+    if settings.lora is not None:
+        model = apply_lora(model, settings.lora)
+    keep = None if settings.lora is None else adapter_names(model)
+    state = {"model": {k: v for k, v in model.state_dict().items() if keep is None or k in keep}}
+    _check_model_keys(path, state["model"], saved)
+    SafeFileSystemReader(path).load(state)  # into the model's own tensors
+    return model
 
 
 def _check_model_keys(path: str, wanted: dict[str, Any], saved: set[str]) -> None:

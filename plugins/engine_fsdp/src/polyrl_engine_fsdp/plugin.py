@@ -15,6 +15,8 @@ ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
 ENGINE_NAMES = ("fsdp2", "fsdp")
 # FSDP-specific rules of the run config (dtype, HSDP, offload ...), run by `polyrl validate`.
 CONFIG_CHECK = "polyrl_engine_fsdp.checks:check_config"
+# `polyrl export`: a checkpoint read whole in one process
+CHECKPOINT_READER = "polyrl_engine_fsdp.checkpoint:read_checkpoint"
 
 
 def _spec(name: str, description: str) -> TrainingEngineSpec:
@@ -32,6 +34,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         runtime_modules=("torch",),
         config_check=CONFIG_CHECK,
         config_sections=CONFIG_SECTIONS,
+        checkpoint_reader=CHECKPOINT_READER,
     )
 
 

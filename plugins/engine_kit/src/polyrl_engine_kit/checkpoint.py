@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from polyrl.api import PolyrlError
+from polyrl_engine_kit.config import EngineSettings, resolve_settings
+from polyrl_engine_kit.modeling import load_hf_model
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 TOKENIZER_FILES = (
@@ -77,6 +79,15 @@ def restore_loop_state(extra: dict[str, Any], scheduler: Any, device: torch.devi
         scheduler.load_state_dict(extra["scheduler"])
     set_rng_state(extra["rng"], device)
     return int(extra["global_step"])
+
+
+def model_in_one_process(cfg: Any, model_path: str) -> tuple[nn.Module, EngineSettings]:
+    """The actor's model as the engine builds it (float32, ``override_config`` applied) on this
+    process's CPU, with its settings from ``cfg``, the run config a checkpoint was saved with:
+    the skeleton a checkpoint reader (``polyrl export``) loads a checkpoint into."""
+    arr = cfg.actor_rollout_ref
+    settings = resolve_settings(arr.model, arr.actor, total_training_steps=1)
+    return load_hf_model(model_path, settings, torch.device("cpu")), settings
 
 
 def export_on_rank0(
