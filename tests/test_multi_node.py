@@ -3,18 +3,15 @@
 Two raylets (``ray start --head`` plus ``ray start --address=...``, one CPU each) form the
 cluster; ``RAY_ADDRESS`` makes ``polyrl train`` join it. One worker lands on each node, the two
 join one torch.distributed (gloo) group through the rendezvous on rank 0's node, and the run
-trains. The cluster lives in a temp dir of its own and only its processes are stopped (``ray
-stop`` would stop every Ray on the machine, other users' included).
+trains. The cluster lives in a temp dir of its own and only its processes are stopped
+(:mod:`ray_nodes`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,11 +21,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from ray_nodes import free_port, head_args, node_args, start_node, stop_nodes, wait_for_nodes
 from test_train_tiny import polyrl_train, read_records
 
 pytestmark = pytest.mark.slow
 
-RAY = str(Path(sys.executable).with_name("ray"))
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # see polyrl.workers.worker_group
 NODE_LINE = re.compile(r"^polyrl: pool 'global': 2 worker\(s\) on (\d+) node\(s\): (.+)$", re.M)
 STEPS = (
@@ -45,81 +42,6 @@ class Cluster(NamedTuple):
     node_ids: set[str]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _processes_under(temp_dir: str) -> list[int]:
-    """Pids of the processes whose command line names ``temp_dir``: this cluster's Ray processes
-    (every one of them gets its session folder, under the temp dir, as an argument)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if temp_dir.encode() in cmdline:
-            pids.append(int(entry))
-    return pids
-
-
-def _wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: float) -> set[str]:
-    """The ids of the cluster's nodes once ``count`` of them are up (``ray status`` asks the GCS;
-    no driver needed)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = subprocess.run(
-            [RAY, "status", f"--address={address}"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
-        active = status.stdout.split("Active:")[-1].split("Pending:")[0]
-        ids = set(re.findall(r"node_([0-9a-f]{16,})", active))
-        if len(ids) >= count:
-            return ids
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{count} Ray nodes not up in {timeout_s} s:\n{status.stdout}")
-        time.sleep(0.5)
-
-
-def _start_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``ray start --block ...`` in a session of its own, its output in ``log``."""
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [RAY, "start", "--block", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(nodes: list[subprocess.Popen], temp_dir: str) -> None:
-    """Stop this cluster's processes only: ``ray start --block`` stops its node's processes on
-    SIGTERM; worker processes still alive after that are killed by pid."""
-    for node in reversed(nodes):
-        node.send_signal(signal.SIGTERM)
-    for node in reversed(nodes):
-        try:
-            node.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(node.pid, signal.SIGKILL)
-            node.wait()
-    deadline = time.monotonic() + 10
-    while (left := _processes_under(temp_dir)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """Head and worker raylet, 1 CPU each, in a temp dir of their own; always torn down."""
@@ -128,32 +50,16 @@ def cluster() -> Iterator[Cluster]:
     # An earlier test of this process may have started polyrl's local Ray, which switches Ray to
     # its single-machine mode through this variable; a worker node refuses to start in it.
     env.pop(LOCAL_ONLY_ENV, None)
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
-    # every port given: the defaults (6379, 10001, 8265, 52365) may be another Ray's
-    head = [
-        "--head",
-        f"--port={port}",
-        "--include-dashboard=false",
-        f"--dashboard-port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
-    ]
     nodes: list[subprocess.Popen] = []
     try:
-        for args in (head, [f"--address={address}"]):
-            node_args = [
-                *args,
-                "--num-cpus=1",
-                "--object-store-memory=100000000",
-                f"--temp-dir={temp_dir}",
-                f"--dashboard-agent-listen-port={_free_port()}",
-                "--disable-usage-stats",
-                "--include-log-monitor=false",  # one process less per node; tests read no logs
-            ]
-            nodes.append(_start_node(node_args, Path(temp_dir, f"node{len(nodes)}.log"), env))
-        yield Cluster(address, _wait_for_nodes(address, 2, env, timeout_s=90))
+        for role in (head_args(port), [f"--address={address}"]):
+            args = [*role, *node_args(1, temp_dir, "--object-store-memory=100000000")]
+            nodes.append(start_node(args, Path(temp_dir, f"node{len(nodes)}.log"), env))
+        yield Cluster(address, wait_for_nodes(address, 2, env, timeout_s=90))
     finally:
-        _stop(nodes, temp_dir)
+        stop_nodes(nodes, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
