@@ -79,7 +79,7 @@ def test_ppo_with_an_estimator_that_ignores_the_values_is_refused():
         ("critic.cliprange_value=0", "critic.cliprange_value=0.0 is out of range"),
         ("critic.grad_clip=-1", "critic.grad_clip=-1.0 is out of range"),
         ("trainer.critic_warmup=-2", "trainer.critic_warmup=-2 is out of range"),
-        ("critic.loss_agg_mode=token-sum", "critic.loss_agg_mode='token-sum' is not one of"),
+        ("critic.loss_agg_mode=token-norm", "critic.loss_agg_mode='token-norm' is not one of"),
         ("critic.forward_micro_batch_size_per_gpu=0", "critic.forward_micro_batch_size_per_gpu=0"),
         ("critic.optim.lr=-1", "critic.optim.lr must be >= 0"),
         ("critic.model.path=/no/such/model", "critic.model.path='/no/such/model' does not exist"),
