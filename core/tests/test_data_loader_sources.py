@@ -26,6 +26,7 @@ class _Item:
     ground_truth: str = "1"
     extra_info: dict | None = None
     raw_prompt: str = ""
+    messages: list | None = None
 
 
 class _Dataset:

@@ -316,7 +316,8 @@ def bare_trainer(tmp_path, *, val_before: bool):
     trainer.output_dir, trainer.total_steps, trainer.resume_from = str(tmp_path), 2, None
     trainer.plan = SimpleNamespace(loggers=[get_registry().get(PluginKind.LOGGER, "jsonl")])
     trainer.data = SimpleNamespace(validate=object())
-    trainer.loader = SimpleNamespace(epoch=0)
+    trainer.loader = SimpleNamespace(epoch=0, state_dict=dict)
+    trainer.pipeline = SimpleNamespace(state_dict=dict, finish=lambda: None)
     validations = iter([0.25, 0.75])
     trainer._resume = lambda: 0
     trainer.validate = lambda: {"val-core/digits/reward/mean@1": next(validations)}

@@ -59,9 +59,12 @@ ENGINE_KWARGS = {"sglang": {"attention_backend": "torch_native", "sampling_backe
 
 
 def rollout_config(**values):
-    from polyrl.config.schema import RolloutConfig
+    """The schema's ``actor_rollout_ref.rollout`` node (the plugin's own keys mounted)."""
+    from omegaconf import OmegaConf
 
-    return RolloutConfig(
+    from polyrl.api.testing import schema_config
+
+    rollout = dict(
         name="sglang",
         dtype="float32",
         gpu_memory_utilization=0.2,
@@ -72,6 +75,9 @@ def rollout_config(**values):
         engine_kwargs=ENGINE_KWARGS,
         **values,
     )
+    return OmegaConf.merge(
+        schema_config(), {"actor_rollout_ref": {"rollout": rollout}}
+    ).actor_rollout_ref.rollout
 
 
 def rollout_context(model_path: str, config, *, rank: int = 0, world_size: int = 1):

@@ -208,7 +208,7 @@ def _node(**values):
 
 
 def test_engine_args_from_verl_keys():
-    cfg = RolloutConfig(
+    cfg = _node(
         name="sglang",
         dtype="bf16",
         gpu_memory_utilization=0.4,

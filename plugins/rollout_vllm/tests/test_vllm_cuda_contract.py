@@ -51,9 +51,12 @@ RELEASED = 64 << 20  # sleep must give back at least this much GPU memory
 
 
 def rollout_config(**values):
-    from polyrl.config.schema import RolloutConfig
+    """The schema's ``actor_rollout_ref.rollout`` node (the plugin's own keys mounted)."""
+    from omegaconf import OmegaConf
 
-    return RolloutConfig(
+    from polyrl.api.testing import schema_config
+
+    rollout = dict(
         name="vllm",
         dtype="float32",
         gpu_memory_utilization=0.2,
@@ -63,6 +66,9 @@ def rollout_config(**values):
         max_num_batched_tokens=512,
         **values,
     )
+    return OmegaConf.merge(
+        schema_config(), {"actor_rollout_ref": {"rollout": rollout}}
+    ).actor_rollout_ref.rollout
 
 
 def build_engine(model_path: str, config, *, rank: int = 0, world_size: int = 1):

@@ -59,8 +59,9 @@ def hf_base(models):
 def engine(models):
     torch.set_num_threads(1)
     import torch.distributed as dist
+    from omegaconf import OmegaConf
 
-    from polyrl.config.schema import RolloutConfig
+    from polyrl.api.testing import schema_config
     from polyrl_rollout_vllm.engine import VLLMRolloutEngine
 
     # As in the hybrid worker: the process group exists before the engines are built.
@@ -69,7 +70,7 @@ def engine(models):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     # vLLM's CPU worker turns torch.set_num_threads into a no-op; give it back to later tests.
     set_num_threads = torch.set_num_threads
-    cfg = RolloutConfig(
+    rollout = dict(
         name="vllm",
         dtype="float32",
         max_num_seqs=16,
@@ -77,6 +78,8 @@ def engine(models):
         enforce_eager=True,
         seed=0,
     )
+    cfg = OmegaConf.merge(schema_config(), {"actor_rollout_ref": {"rollout": rollout}})
+    cfg = cfg.actor_rollout_ref.rollout
     eng = VLLMRolloutEngine(rollout_context(models[0], cfg, device="cpu", seed=0))
     print(f"\nvLLM engine start: {eng.start_seconds:.1f} s")
     yield eng

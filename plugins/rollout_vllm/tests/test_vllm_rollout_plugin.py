@@ -15,7 +15,6 @@ from omegaconf import OmegaConf
 
 from polyrl.api.testing import schema_config
 from polyrl.batch import Batch
-from polyrl.config.schema import RolloutConfig
 from polyrl.errors import ConfigError
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
@@ -93,7 +92,7 @@ def _tiny_config_dir(tmp_path, layers=2, kv_heads=2, head_dim=64) -> str:
 
 def test_engine_args_from_verl_keys_on_cpu(tmp_path):
     path = _tiny_config_dir(tmp_path)
-    cfg = RolloutConfig(
+    cfg = _rollout_node(
         name="vllm",
         dtype="fp32",
         max_num_seqs=8,

@@ -422,8 +422,12 @@ def _changed(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> list[tu
         if any(fnmatch.fnmatchcase(key, p) for p in specific):
             judged[key] = _resolve(cfg, key, _raw(schema, key))
     changed = []
+    absent = object()
     for key, default in sorted(judged.items()):
-        value = _plain(OmegaConf.select(cfg, key, default=None))
+        value = OmegaConf.select(cfg, key, default=absent)
+        if value is absent:  # a config composed without the verl keys mounted leaves them unset
+            continue
+        value = _plain(value)
         if value in ({}, None) and default in ({}, None):
             continue
         if not _same(value, default):

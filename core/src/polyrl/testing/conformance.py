@@ -471,14 +471,15 @@ class RewardProviderConformance(_PluginConformance):
     def make_context(self) -> Any:
         from omegaconf import OmegaConf
 
-        from polyrl.config.schema import CustomRewardFunctionConfig, RewardModelConfig
+        from polyrl.config.sections import schema_config
         from polyrl.interfaces import RewardContext
 
+        # The schema with the installed plugins' sections: a provider reads the settings of the
+        # scorers other packages add (reward_model.<their key>) as in a run.
+        cfg = OmegaConf.merge(schema_config(), {"reward_model": self.reward_model_overrides})
         return RewardContext(
-            reward_model=OmegaConf.merge(
-                OmegaConf.structured(RewardModelConfig), self.reward_model_overrides
-            ),
-            custom_reward_function=OmegaConf.structured(CustomRewardFunctionConfig),
+            reward_model=cfg.reward_model,
+            custom_reward_function=cfg.custom_reward_function,
             seed=0,
         )
 
