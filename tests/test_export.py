@@ -121,8 +121,12 @@ def _assert_engine_logits(out: str, engine_logits: list[torch.Tensor], exact: bo
 
 @pytest.mark.parametrize(
     ("strategy", "dtype", "stage"),
-    [("fsdp2", "float32", 2), ("fsdp2", "bfloat16", 2), ("deepspeed", "bfloat16", 2),
-     ("deepspeed", "bfloat16", 3)],  # fmt: skip
+    [
+        ("fsdp2", "float32", 2),
+        ("fsdp2", "bfloat16", 2),
+        ("deepspeed", "bfloat16", 2),
+        ("deepspeed", "bfloat16", 3),
+    ],
 )
 def test_export_gives_the_engines_logits(tmp_path, strategy, dtype, stage) -> None:
     checkpoint, engine_logits = _checkpoint(

@@ -80,5 +80,5 @@ def test_a_sync_that_never_completes_times_out_naming_the_ranks(tmp_path: Path) 
         "worker call 'receive_weights' in pool 'rollout' did not finish within 5.0 s on ranks [0]"
         in line
     )
-    assert line.endswith("(timeout actor_rollout_ref.rollout.weight_sync.timeout_s=5)")
+    assert "(timeout actor_rollout_ref.rollout.weight_sync.timeout_s=5)" in line
     assert elapsed < 300, f"the run took {elapsed:.0f} s to fail"

@@ -100,6 +100,20 @@ def plugin_rows(
                 "error": silent.message(),
             }
         )
+    for library in registry.libraries:
+        rows.append(
+            {
+                "name": library.plugin,
+                "kind": None,
+                "package": library.distribution,
+                "version": library.version,
+                "plugin": library.plugin,
+                "status": "library",
+                "capabilities": {},
+                "description": "registers no plugin: a library that plugins depend on",
+                "error": None,
+            }
+        )
     return rows
 
 
@@ -142,6 +156,12 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print("Broken plugins (their names cannot be selected until fixed):")
         for r in broken:
             print(f"  {r['name']} from {r['package']} {r['version']}: {r['error']}")
+    libraries = [r for r in rows if r["kind"] is None and r["status"] == "library"]
+    if libraries:
+        print()
+        print("Libraries that plugins depend on (they register no plugin of their own):")
+        for r in libraries:
+            print(f"  {r['package']} {r['version']}")
     silent = [r for r in rows if r["kind"] is None and r["status"] == "registers_nothing"]
     if silent:
         print()

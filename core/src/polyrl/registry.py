@@ -304,6 +304,9 @@ class Registry:
             kind: defaultdict(list) for kind in PluginKind
         }
         self.broken: list[BrokenPlugin] = []
+        # Entry points whose module loads and registers nothing on purpose: libraries that
+        # plugins depend on (polyrl-engine-kit), listed so that an install can be checked.
+        self.libraries: list[Provenance] = []
         # Installed plugin packages that POLYRL_PLUGINS / POLYRL_DISABLE_PLUGIN_AUTOLOAD kept
         # from loading: an unknown name they may provide must say so, not "install it".
         self.filtered_out: list[str] = []
@@ -335,10 +338,12 @@ class Registry:
             self.plugin_manager.unregister(module)
             self._mark_broken(provenance, exc)
             return
+        hooked = False
         for kind, hook_name in HOOK_OF_KIND.items():
             for impl in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
                 if impl.plugin is not module:
                     continue
+                hooked = True
                 try:
                     specs = run_bounded(
                         lambda function=impl.function: list(function() or ()),
@@ -350,6 +355,8 @@ class Registry:
                     self._mark_broken_blocked(provenance, f"its hook {hook_name}", exc)
                 except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
                     self._mark_broken(provenance, exc)
+        if not hooked:
+            self.libraries.append(provenance)
 
     def _add_spec(self, kind: PluginKind, spec: Any, provenance: Provenance) -> None:
         expected = SPEC_TYPES[kind]

@@ -161,6 +161,9 @@ DISPOSITIONS: dict[str, Refused | NoEffect] = {
     ),
     "actor_rollout_ref.rollout.ignore_eos": Refused("generating past end-of-sequence", "remove it"),
     "actor_rollout_ref.rollout.skip_rollout": Refused("replaying dumped rollouts", "remove it"),
+    "actor_rollout_ref.rollout.sglang_rollout_mode": NoEffect(
+        "the SGLang rollout drives SGLang's engine in its workers; its HTTP server mode is not used"
+    ),
     "actor_rollout_ref.rollout.*": _ROLLOUT_INTERNALS,
     # --- model ---
     "actor_rollout_ref.model.lora.*": Refused(
@@ -309,10 +312,23 @@ def added_key_message(key: str) -> str:
     )
 
 
+# Keys verl's own example configs add (their YAML composes onto verl's trainer config) that the
+# trainer config does not declare; verl's code reads them. With the defaults verl's code uses.
+EXAMPLE_CONFIG_KEYS = {
+    "actor_rollout_ref.rollout.sglang_rollout_mode": "engine",
+    "actor_rollout_ref.rollout.server.timeout": 60,
+    "actor_rollout_ref.rollout.server.max_attempts": 3,
+    "actor_rollout_ref.rollout.server.retry_delay": 2,
+    "actor_rollout_ref.rollout.server.max_connections": 1000,
+    "actor_rollout_ref.rollout.server.max_start_wait_time": 300.0,
+}
+
+
 @lru_cache(maxsize=1)
 def verl_keys() -> dict[str, Any]:
-    """``{key: verl's default}`` of every key verl's trainer config declares."""
-    return json.loads(KEYS_FILE.read_text())["keys"]
+    """``{key: verl's default}`` of every key verl's trainer config declares, and of the keys
+    its example configs add (:data:`EXAMPLE_CONFIG_KEYS`)."""
+    return {**json.loads(KEYS_FILE.read_text())["keys"], **EXAMPLE_CONFIG_KEYS}
 
 
 def verl_commit() -> str:

@@ -32,14 +32,15 @@ from polyrl.specs import SPEC_TYPES, PluginKind
 
 
 def copy_registry(source: Registry) -> Registry:
-    """A registry with the same registrations and broken plugins as ``source``, which later
-    additions to the copy leave untouched."""
+    """A registry with the same registrations, broken plugins and libraries as ``source``,
+    which later additions to the copy leave untouched."""
     copy = Registry()
     for kind in PluginKind:
         copy.registrations[kind] = defaultdict(
             list, {name: list(regs) for name, regs in source.registrations[kind].items()}
         )
     copy.broken = list(source.broken)
+    copy.libraries = list(source.libraries)
     copy.detect_silent = source.detect_silent  # the packages that register nothing, as found
     return copy
 
