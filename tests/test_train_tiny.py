@@ -106,7 +106,12 @@ def train_straight_and_resumed(tmp_path: Path, steps: tuple[str, ...]) -> tuple[
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny_learning")
-    polyrl_train(out, "trainer.total_training_steps=24", "trainer.save_freq=12")
+    polyrl_train(
+        out,
+        "trainer.total_training_steps=24",
+        "trainer.save_freq=12",
+        "trainer.export_hf_every_save=true",
+    )
     return out
 
 
@@ -136,6 +141,22 @@ def test_checkpoints_plot_and_export_are_written(learning_run: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(learning_run / "hf_model")
     tokenizer = AutoTokenizer.from_pretrained(learning_run / "hf_model")
     assert model.config.vocab_size >= len(tokenizer) - 1
+
+
+def test_every_checkpoint_holds_its_hugging_face_export(learning_run: Path) -> None:
+    """trainer.export_hf_every_save: step 24's folder holds the final weights exactly (the end
+    of run export's), step 12's other ones; both load in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    def weights(folder: Path) -> dict:
+        return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+    final = weights(learning_run / "hf_model")
+    last = weights(learning_run / "global_step_24" / "hf_model")
+    middle = weights(learning_run / "global_step_12" / "hf_model")
+    assert final.keys() == last.keys() == middle.keys()
+    assert all((final[k] == last[k]).all() for k in final)
+    assert any(not (final[k] == middle[k]).all() for k in final)
 
 
 def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> None:

@@ -327,6 +327,10 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Any = None
     export_hf_model: bool = True
+    # Every checkpoint also holds its policy as a Hugging Face folder (<checkpoint>/hf_model),
+    # written from the trained weights while the checkpoint is saved; verl's
+    # checkpoint.save_contents=[..., hf_model]
+    export_hf_every_save: bool = False
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
     collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs

@@ -194,8 +194,8 @@ DISPOSITIONS: dict[str, Refused | NoEffect] = {
     ),
     # --- actor / ref / critic ---
     "*.checkpoint.*": NoEffect(
-        "a checkpoint holds model, optimizer and trainer state; trainer.export_hf_model adds "
-        "the Hugging Face folder"
+        "a checkpoint holds model, optimizer and trainer state; trainer.export_hf_every_save "
+        "adds a Hugging Face folder to every checkpoint"
     ),
     "*.nccl_timeout": NoEffect("trainer.collective_timeout_s sets it"),
     "*entropy_checkpointing": NoEffect("log-probs and entropy come from the fused kernels"),

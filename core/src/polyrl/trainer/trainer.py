@@ -47,6 +47,7 @@ from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import step_batch_metrics, timing_and_throughput
 from polyrl.trainer.outputs import (
+    EXPORT_DIR,
     check_export_target,
     clean_export_leftovers,
     export_is_current,
@@ -258,6 +259,9 @@ class RLTrainer:
         try:
             with naming_full_disk(self.output_dir, what):
                 self.workers.save_checkpoint(staging)
+                if self.cfg.trainer.export_hf_every_save:
+                    # inside the checkpoint: checksummed with it, kept and pruned with it
+                    self.workers.export_hf(os.path.join(staging, EXPORT_DIR))
                 save_driver_state(
                     staging,
                     {
