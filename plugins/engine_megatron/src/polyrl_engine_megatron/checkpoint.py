@@ -12,6 +12,10 @@ Nothing is gathered to save. The shards are tied to the tensor- and pipeline-par
 (checked on load, one line if they differ); the data-parallel size may change (a rank without its
 own extra state takes rank 0's, as in the FSDP engine). A one-stage model keeps the shard names
 it had before pipeline parallelism existed, so those checkpoints still load.
+
+``polyrl export`` reads a checkpoint of any layout in one process (:func:`read_checkpoint`):
+the shards hold megatron-core's parameter names (local to each stage), which
+:mod:`.convert` maps to Hugging Face's, so neither megatron-core nor a GPU is needed.
 """
 
 from __future__ import annotations
@@ -23,9 +27,17 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api import load_plain
-from polyrl_engine_kit.checkpoint import CheckpointError
+from polyrl_engine_kit.checkpoint import CheckpointError, model_in_one_process
+from polyrl_engine_megatron.convert import (
+    GPTShape,
+    is_tied_copy,
+    megatron_to_hf,
+    pipeline_stages,
+)
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
+# what megatron-core's modules add to a state_dict() besides weights (None for the local spec)
+_MODULE_STATE_SUFFIX = "._extra_state"
 
 
 def shard_name(tp_rank: int, pp_rank: int, pp_size: int) -> str:
@@ -91,3 +103,70 @@ def load(
             )
         optimizer.load_state_dict(state["optimizer"])
     return extra
+
+
+def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
+    """The model of the checkpoint at ``path`` whole on this process's CPU, in float32, for
+    ``polyrl export`` (the spec's ``checkpoint_reader``), without megatron-core or a process
+    group: each stage's tensor-parallel shards are read tensor-only, joined and converted to
+    the HF names and layouts by :func:`~.convert.megatron_to_hf` (as the engine streams its
+    weights), one stage at a time so that only one stage's shards are in memory. The parallel
+    layout is the one rank 0's extra state records; the HF shape comes from the run's model
+    (``cfg``, with its ``override_config``), which the weights are loaded into strictly."""
+    extra_path = os.path.join(path, EXTRA_STATE.format(rank=0))
+    if not os.path.isfile(extra_path):
+        raise CheckpointError(
+            f"{path!r} is not a Megatron engine checkpoint (no {EXTRA_STATE.format(rank=0)}); "
+            f"pass the folder that save_checkpoint wrote"
+        )
+    layout = load_plain(extra_path).get("layout") or {}
+    tp = int(layout.get("tensor_model_parallel_size", 0))
+    pp = int(layout.get("pipeline_model_parallel_size", 0))
+    if tp < 1 or pp < 1:
+        raise CheckpointError(f"{extra_path!r} records no parallel layout (got {layout!r})")
+    model, _settings = model_in_one_process(cfg, model_path)
+    shape = GPTShape.from_hf_config(model.config, tp)
+    state: dict[str, torch.Tensor] = {}
+    for pp_rank, stage in enumerate(pipeline_stages(shape.num_layers, pp)):
+        shards = [_read_shard(path, shard_name(t, pp_rank, pp)) for t in range(tp)]
+        for local in shards[0]:
+            if local.endswith(_MODULE_STATE_SUFFIX) or is_tied_copy(local, shape, stage):
+                continue  # megatron-core's per-module state; the tied copy of the embedding
+            parts = [shard[local] for shard in shards]
+            try:
+                state.update(megatron_to_hf(stage.global_name(local), parts, shape))
+            except (KeyError, RuntimeError) as exc:
+                raise CheckpointError(
+                    f"{path!r}: stage {pp_rank}'s {local!r} does not convert to the HF model of "
+                    f"{model_path!r} ({exc}); export with the model the run trained"
+                ) from exc
+        del shards
+    _check_names(path, state, model.state_dict())
+    model.load_state_dict(state)
+    return model
+
+
+def _read_shard(path: str, name: str) -> dict[str, Any]:
+    """One rank's model weights of the shard file ``name`` (its optimizer state is dropped)."""
+    shard_path = os.path.join(path, name)
+    if not os.path.isfile(shard_path):
+        raise CheckpointError(f"{path!r} has no {name}: the checkpoint is incomplete")
+    return load_plain(shard_path)["model"]
+
+
+def _check_names(path: str, state: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """The converted weights are exactly the HF model's, with its shapes."""
+    missing = sorted(set(wanted) - set(state))
+    unexpected = sorted(set(state) - set(wanted))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path!r} does not hold this HF model's weights: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    wrong = [n for n, t in state.items() if tuple(t.shape) != tuple(wanted[n].shape)]
+    if wrong:
+        name = wrong[0]
+        raise CheckpointError(
+            f"{path!r}: {name} converts to {tuple(state[name].shape)}, the HF model has "
+            f"{tuple(wanted[name].shape)}; export with the model the run trained"
+        )

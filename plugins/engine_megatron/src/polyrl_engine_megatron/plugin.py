@@ -27,6 +27,7 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         supports_sequence_packing=False,
         supports_weight_sync=True,
         supports_checkpoint=True,
+        checkpoint_reader="polyrl_engine_megatron.checkpoint:read_checkpoint",
         runtime_modules=("torch", "megatron.core"),
         config_check="polyrl_engine_megatron.checks:check_config",
         config_sections=CONFIG_SECTIONS,
