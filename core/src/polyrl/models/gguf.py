@@ -14,6 +14,7 @@ import hashlib
 import os
 import sys
 import time
+from typing import Any
 
 _SAMPLE_BYTES = 1 << 20
 
@@ -54,19 +55,49 @@ def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "bfloat16") -> No
     require_extra(f"converting {gguf_path} (a GGUF file)", GGUF_MODULES, ConfigError)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     torch_dtype = getattr(torch, dtype)
     folder, name = os.path.split(os.path.abspath(gguf_path))
     started = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config._name_or_path = ""
-    state = loaded.state_dict()
-    generation_config = loaded.generation_config
-    del loaded
+    # transformers' per-tensor progress bars, for a step polyrl announces and times itself
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        # dequantised in float32 (what GGUF's kernels compute in), cast once below
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config._name_or_path = ""
+        state = {key: tensor.to(torch_dtype) for key, tensor in loaded.state_dict().items()}
+        generation_config = loaded.generation_config
+        del loaded
+        _save_plain(gguf_path, config, state, generation_config, tokenizer, out_dir, torch_dtype)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
+    print(
+        f"polyrl: converted {gguf_path} in {time.monotonic() - started:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _save_plain(
+    gguf_path: str,
+    config: Any,
+    state: dict[str, Any],
+    generation_config: Any,
+    tokenizer: Any,
+    out_dir: str,
+    torch_dtype: Any,
+) -> None:
+    """``state`` into a model built from ``config`` (without the GGUF record), saved whole."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
@@ -81,8 +112,3 @@ def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "bfloat16") -> No
     model.generation_config = generation_config
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    print(
-        f"polyrl: converted {gguf_path} in {time.monotonic() - started:.0f}s",
-        file=sys.stderr,
-        flush=True,
-    )

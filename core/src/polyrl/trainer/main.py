@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from polyrl.config import load_config
@@ -17,6 +18,10 @@ def train_from_overrides(overrides: list[str]) -> int:
         for problem in problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
+    if str(cfg.trainer.device) == "cpu":
+        # DeepSpeed, imported by accelerate whenever a model is saved (the GGUF conversion, the
+        # export), warns that it found no GPU unless it is told its accelerator.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from polyrl.trainer.trainer import run
 
     run(cfg)

@@ -329,6 +329,10 @@ class WorkerGroup(SPMDGroup):
             # run's own progress display.
             "HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
         }
+        if device == "cpu":
+            # DeepSpeed, imported by accelerate whenever a model is saved (even by the FSDP
+            # engine), warns that it found no GPU unless it is told its accelerator.
+            env["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
         self.workers = [
             remote_cls.options(
                 scheduling_strategy=strategy(rank),
