@@ -38,7 +38,9 @@ def plugin_rows(
     """One row per registration (and per broken plugin module, and per installed package that
     looks like a plugin but registers nothing), as ``polyrl plugins`` shows them.
 
-    Each registration's implementation is resolved: light kinds are imported (with the plugin
+    A registration whose ``api_version`` excludes this polyrl's API is ``incompatible``, with
+    the reason as its error (its implementation is not imported: it was written for another API).
+    Every other one's implementation is resolved: light kinds are imported (with the plugin
     import timeout), engines only located unless ``import_engines`` (their modules import torch,
     vLLM ...). One that does not resolve is ``broken``, with the reason as its error.
     Broken modules and silent packages are listed whatever ``kind`` is: nobody knows what they
@@ -56,6 +58,8 @@ def plugin_rows(
                 registry.get(reg.kind, reg.name)
             except PolyrlError as exc:
                 error = str(exc)
+        elif reg.incompatibility:
+            status, error = "incompatible", reg.incompatibility
         else:
             error = reg.implementation_problem(import_heavy=import_engines)
             status = "broken" if error else "ok"

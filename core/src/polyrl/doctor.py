@@ -66,8 +66,9 @@ def versions() -> list[Finding]:
 
 
 def plugins() -> list[Finding]:
-    """Every registration with its package (not ok when its implementation does not resolve:
-    light kinds are imported, engines only located), every plugin module that failed to load,
+    """Every registration with its package (not ok when its ``api_version`` excludes this
+    polyrl's API, or its implementation does not resolve: light kinds are imported, engines only
+    located), every plugin module that failed to load,
     and every installed package that looks like a plugin but registers nothing."""
     from polyrl.registry import get_registry
 
@@ -75,7 +76,7 @@ def plugins() -> list[Finding]:
     found = []
     for reg in registry.all():
         package = f"{reg.provenance.distribution} {reg.provenance.version}"
-        problem = reg.implementation_problem()
+        problem = reg.incompatibility or reg.implementation_problem()
         found.append(
             Finding(
                 f"plugin {reg.kind.value} {reg.name}",

@@ -55,7 +55,7 @@ def select_algorithm(
             f"{listed}; choose one with algorithm.name=<name>"
         )
     if owners:
-        return owners[0]
+        return registry.get(PluginKind.ALGORITHM, owners[0].name)  # judged like a named one
     return registry.get(PluginKind.ALGORITHM, FALLBACK_ALGORITHM)
 
 

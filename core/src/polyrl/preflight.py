@@ -130,10 +130,14 @@ def _first_line(exc: BaseException) -> str:
 
 def _not_found_line(kind: PluginKind, setting: str, exc: PolyrlError, device: str) -> str:
     """The line of a selected name that no installed plugin registers: the first-party package
-    to install when it is one (and released), else the registry's own explanation."""
+    to install when it is one (and released), else the registry's own explanation (also when
+    it is registered, by a release for another polyrl API)."""
+    from polyrl.registry import PluginIncompatibleError
+
     name = setting.partition("=")[2]
     package = FIRST_PARTY_PACKAGES[kind].get(name)
-    if package and package not in UNRELEASED_PACKAGES and "failed to load" not in str(exc):
+    installed = isinstance(exc, PluginIncompatibleError) or "failed to load" in str(exc)
+    if package and package not in UNRELEASED_PACKAGES and not installed:
         command = install_command(package, device)
         return f"{setting}: the package {package} is not installed: {command}"
     return f"{setting}: {' '.join(str(exc).split())}"

@@ -38,6 +38,8 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from polyrl import hookspecs
 from polyrl.errors import PolyrlError
@@ -51,7 +53,13 @@ from polyrl.plugin_import import (
     record_abandoned,
     run_bounded,
 )
-from polyrl.specs import FIRST_PARTY_PACKAGES, SPEC_TYPES, UNRELEASED_PACKAGES, PluginKind
+from polyrl.specs import (
+    API_VERSION,
+    FIRST_PARTY_PACKAGES,
+    SPEC_TYPES,
+    UNRELEASED_PACKAGES,
+    PluginKind,
+)
 from polyrl.watchdog import IMPORT_TIMEOUT_ENV, deadline, import_timeout_s
 
 ENTRY_POINT_GROUP = "polyrl"
@@ -99,6 +107,11 @@ class PluginBrokenError(PolyrlError):
     """The plugin that provides a name failed to import or to load its implementation."""
 
 
+class PluginIncompatibleError(PolyrlError):
+    """The plugin that provides a name declares a polyrl API range that excludes this polyrl's
+    (or an invalid one): no config fixes it, only installing another release does."""
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a registration came from."""
@@ -119,6 +132,21 @@ class Registration:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def incompatibility(self) -> str | None:
+        """None when the spec's ``api_version`` admits this polyrl's API (or declares nothing),
+        else why not and which release to install (one line)."""
+        return api_incompatibility(
+            self.spec.api_version, self.provenance.distribution, self.provenance.version
+        )
+
+    def require_compatible(self) -> None:
+        """Raise :class:`PluginIncompatibleError` (one line) when :attr:`incompatibility` says
+        why this registration cannot be used."""
+        why = self.incompatibility
+        if why:
+            raise PluginIncompatibleError(f"{self.kind.value} {self.name!r} is incompatible: {why}")
 
     @property
     def target(self) -> Any:
@@ -194,6 +222,53 @@ class Registration:
                 f"Reinstall it or install its missing dependencies "
                 f"(pip install '{self.provenance.distribution}')."
             ) from exc
+
+
+def api_incompatibility(
+    declared: object, distribution: str, version: str, api_version: str = API_VERSION
+) -> str | None:
+    """None when the PEP 440 specifier ``declared`` (a spec's ``api_version``; None: no
+    declaration) admits ``api_version``, else one line: what package ``distribution`` ``version``
+    supports and what to install instead."""
+    if declared is None:
+        return None
+    package = f"{distribution} {version}"
+    major = api_version.split(".")[0]
+    try:
+        if not isinstance(declared, str):
+            raise InvalidSpecifier(f"{declared!r} is not a string")
+        supported = SpecifierSet(declared)
+    except InvalidSpecifier:
+        return (
+            f"{package} declares api_version={declared!r}, which is not a PEP 440 version "
+            f"specifier (such as '>={major}.0,<{int(major) + 1}'): install another {distribution} "
+            f"release, or report it upstream"
+        )
+    if supported.contains(api_version, prereleases=True):
+        return None
+    if _asks_newer(supported, Version(api_version)):
+        advice = f"upgrade polyrl or install a {distribution} release for API {major}.x"
+    else:
+        advice = f"install a {distribution} release for API {major}.x"
+    return (
+        f"{package} supports polyrl API {declared.strip()}, this polyrl has API {api_version}: "
+        f"{advice}"
+    )
+
+
+def _asks_newer(supported: SpecifierSet, current: Version) -> bool:
+    """Whether a lower bound of ``supported`` lies above ``current`` (the plugin was written for
+    a later API, so a newer polyrl may satisfy it; otherwise only an older plugin release can)."""
+    for specifier in supported:
+        if specifier.operator not in (">", ">=", "~=", "==", "==="):
+            continue
+        try:
+            bound = Version(specifier.version.removesuffix(".*"))
+        except InvalidVersion:
+            continue
+        if bound > current:
+            return True
+    return False
 
 
 def implementation_target(spec: Any) -> Any:
@@ -423,9 +498,11 @@ class Registry:
         ]
 
     def get(self, kind: PluginKind, name: str) -> Registration:
-        """The registration of ``name``, or an error that tells the user what to do."""
+        """The registration of ``name``, or an error that tells the user what to do
+        (:class:`PluginIncompatibleError` when its ``api_version`` excludes this polyrl's)."""
         found = self.registrations[kind].get(name, [])
         if len(found) == 1:
+            found[0].require_compatible()
             return found[0]
         if len(found) > 1:
             providers = ", ".join(

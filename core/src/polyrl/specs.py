@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+API_VERSION = "1.0"
+"""The version of :mod:`polyrl.api`'s names, ``"major.minor"``: a minor bump adds names, a major
+bump removes or changes one. Re-exported as ``polyrl.api.API_VERSION``; a spec's ``api_version``
+is judged against it."""
+
 
 class PluginKind(str, Enum):
     """The kinds of plugin polyrl knows, with the config key that selects each."""
@@ -94,6 +99,12 @@ class _Spec:
     ``polyrl config`` and spelled-checked like core's keys; keep their module free of heavy
     imports. ``key_aliases`` maps an older or verl-only key (or group) to the key it means;
     command-line overrides are rewritten to it.
+
+    ``api_version`` is the range of :data:`API_VERSION` the plugin was written for, as a PEP 440
+    specifier (``">=1.0,<2"``). Outside it, or when it is not a valid specifier, the registration
+    is listed as ``incompatible`` and selecting it fails before anything starts, naming the
+    release to install, instead of failing on a missing name deep inside a run. None declares
+    nothing: the plugin is taken to work with every API version.
     """
 
     name: str
@@ -102,6 +113,7 @@ class _Spec:
     runtime_modules: tuple[str, ...] = field(default=(), kw_only=True)
     config_sections: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
     key_aliases: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    api_version: str | None = field(default=None, kw_only=True)
 
     def capability_flags(self) -> dict[str, Any]:
         """Capability flags of this registration, as shown by ``polyrl plugins``."""

@@ -15,12 +15,11 @@ module's names are covered by :data:`API_VERSION`.
 
 Versioning: :data:`API_VERSION` is ``"major.minor"``. A minor bump adds names; a major bump
 removes or changes one. A plugin pins the polyrl release that has what it uses
-(``polyrl>=0.1`` in its ``dependencies``) and may check the major version it was written for::
+(``polyrl>=0.1`` in its ``dependencies``) and declares the API range it was written for on each
+spec it registers, a PEP 440 specifier the registry checks (an excluded plugin is listed as
+``incompatible`` and cannot be selected)::
 
-    import polyrl.api
-
-    if polyrl.api.API_VERSION.split(".")[0] != "1":
-        raise ImportError(f"needs polyrl API 1.x, found {polyrl.api.API_VERSION}")
+    AdvantageEstimatorSpec(name="mine", ..., api_version=">=1.0,<2")
 
 Importing this module is cheap: it never imports torch, Ray or transformers, so a plugin's
 entry-point module may import from it. Names whose home module needs torch (or numpy,
@@ -80,6 +79,7 @@ from polyrl.models.resolve import resolve_model_path
 from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
 from polyrl.specs import (
+    API_VERSION,
     ESTIMATOR_KEYS,
     POLICY_LOSS_KEYS,
     AdvantageEstimatorSpec,
@@ -97,9 +97,6 @@ from polyrl.specs import (
 from polyrl.workers.dispatch import Dispatch
 from polyrl.workers.mesh import DataParallelRank, tensor_parallel_mesh
 from polyrl.workers.roles.base import Role, RoleContext
-
-API_VERSION = "1.0"
-"""The version of this module's names, ``"major.minor"`` (see the module docstring)."""
 
 # Names resolved on first access: name -> "module:attribute", or "module" for a module itself.
 # Keep the ``TYPE_CHECKING`` imports below in step (core/tests/test_api_boundary.py checks).

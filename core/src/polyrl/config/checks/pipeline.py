@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from polyrl.config.checks.checker import MISSING, Checker
 from polyrl.config.checks.plugins import check_locatable, check_not_broken
 from polyrl.errors import ConfigError, PolyrlError
-from polyrl.registry import Registration, Registry
+from polyrl.registry import PluginIncompatibleError, Registration, Registry
 from polyrl.specs import PluginKind
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ def select_algorithm(checker: Checker) -> Registration | None:
     except ConfigError as exc:
         checker.add(" ".join(str(exc).split()))
         return None
+    except PluginIncompatibleError:
+        raise  # the installation, not the config, is wrong (see checks.plugins.select)
     except PolyrlError as exc:
         key = ALGORITHM_KEY if name else "algorithm.adv_estimator"
         checker.add(f"{key}: {' '.join(str(exc).split())}")

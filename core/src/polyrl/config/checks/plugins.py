@@ -18,7 +18,7 @@ from typing import Any
 
 from polyrl.config.checks.checker import MISSING, Checker, as_list, is_number
 from polyrl.errors import PolyrlError
-from polyrl.registry import Registration
+from polyrl.registry import PluginIncompatibleError, Registration
 from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, PluginKind, resolve_object
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ def select(checker: Checker, kind: PluginKind, key: str, name: Any) -> Registrat
         return None
     try:
         reg = checker.registry.get(kind, name)
+    except PluginIncompatibleError:
+        raise  # the installation, not the config, is wrong: one error line, not a problem list
     except PolyrlError as exc:
         checker.add(f"{key}: {exc}")
         return None
@@ -91,6 +93,7 @@ def check_selection(checker: Checker) -> dict[str, Registration]:
             continue
         if kind is PluginKind.DATA_SOURCE_SCORER:  # used when installed: the rows select them
             for reg in checker.registry.all(kind):
+                reg.require_compatible()  # it would score its rows in this run
                 selected[f"{kind.config_key}[{reg.name}]"] = reg
             continue
         if kind.flag and checker.get(kind.flag) is not True:  # e.g. no multi-turn: no environment
