@@ -170,10 +170,12 @@ def test_export_gives_the_engines_weights_and_logits(tmp_path, tp: int, pp: int)
     assert result.check.passed and result.dtype == "bfloat16"
     exported = AutoModelForCausalLM.from_pretrained(result.out)
     assert exported.dtype == torch.bfloat16
+    # bf16 rounding of weights and activations relative to the logits' size, as polyrl
+    # export's own check allows (seen on an H200, TP=1: max |diff| 0.031, tolerance 0.05; the
+    # untrained model's logits differ from the engine's by 3)
+    tolerance = 2.0**-6 * max(max(float(want.abs().max()) for want in engine_logits), 1.0)
     with torch.no_grad():
         for ids, want in zip(prompts, engine_logits):
             got = exported(input_ids=ids).logits.float()
             assert got.shape == want.shape
-            # bf16 rounding of weights and activations, as polyrl export's own check allows
-            tolerance = 2.0**-6 * max(float(want.abs().max()), 1.0)
             assert float((got - want).abs().max()) <= tolerance
