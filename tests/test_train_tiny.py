@@ -111,6 +111,7 @@ def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "trainer.total_training_steps=24",
         "trainer.save_freq=12",
         "trainer.export_hf_every_save=true",
+        "trainer.log_val_generations=2",
     )
     return out
 
@@ -123,6 +124,21 @@ def test_run_writes_one_record_per_step_with_verl_metric_names(learning_run: Pat
         missing = [name for name in REQUIRED_METRICS if name not in record]
         assert not missing, f"step {record['step']} lacks {missing}"
     assert any(key.startswith("val-core/") for key in records[-1])
+
+
+def test_validation_samples_are_logged_beside_the_metrics(learning_run: Path) -> None:
+    """trainer.log_val_generations=2: two samples per validation, the same prompts each time."""
+    validated = [
+        r["step"] for r in read_records(learning_run) if "val-aux/response_length/mean" in r
+    ]
+    lines = (learning_run / "val_generations.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert sorted({r["step"] for r in rows}) == validated and len(rows) == 2 * len(validated)
+    for row in rows:
+        assert isinstance(row["prompt"], str) and row["prompt"]
+        assert isinstance(row["output"], str) and isinstance(row["score"], float)
+    prompts = {step: [r["prompt"] for r in rows if r["step"] == step] for step in validated}
+    assert len({tuple(p) for p in prompts.values()}) == 1, prompts
 
 
 def test_grpo_raises_the_mean_reward(learning_run: Path) -> None:

@@ -245,6 +245,10 @@ def test_validation_does_not_import_heavy_modules(files: dict[str, Path]) -> Non
             "data.max_response_length=0",
             "data.max_response_length=0 is out of range",
         ),
+        (
+            "trainer.log_val_generations=-1",
+            "trainer.log_val_generations=-1 is out of range: it must be 0 (off) or more",
+        ),
     ],
 )
 def test_types_and_ranges(

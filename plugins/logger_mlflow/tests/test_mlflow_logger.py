@@ -91,3 +91,18 @@ def test_verls_validation_names_are_written_in_mlflows_characters(tmp_path) -> N
     logger.finish()
     assert _history(logger, metric_name(key)) == [(1, 0.5)]
     assert _history(logger, "a_b") == [(1, 1.0)]
+
+
+def test_validation_samples_are_a_json_lines_artifact_per_step(tmp_path) -> None:
+    import json
+
+    logger = MlflowLogger(_ctx(tmp_path))
+    row = {"step": 3, "data_source": "src", "prompt": "2+2?", "output": "4", "score": 1.0}
+    logger.log_generations([row, {**row, "prompt": "3+3?"}], 3)
+    logger.finish()
+    client = MlflowClient(tracking_uri=logger.uri)
+    (artifact,) = client.list_artifacts(logger.run_id, "val_generations")
+    assert artifact.path == "val_generations/step_00000003.jsonl"
+    local = client.download_artifacts(logger.run_id, artifact.path, str(tmp_path / "down"))
+    with open(local, encoding="utf-8") as fh:
+        assert [json.loads(line)["prompt"] for line in fh] == ["2+2?", "3+3?"]

@@ -201,3 +201,19 @@ class TestWandbConformance(LoggerConformance):
         assert [(r["_step"], r["train/loss"]) for r in rows] == [
             (step, metrics["train/loss"]) for step, metrics in logged
         ]
+
+
+def test_validation_samples_are_a_table_at_their_step(offline, tmp_path):
+    logger = WandbLogger(_ctx(tmp_path))
+    logger.log({"critic/score/mean": 0.5}, 2)
+    row = {"step": 2, "data_source": "src", "prompt": "2+2?", "output": "4", "score": 1.0}
+    logger.log_generations([row], 2)
+    logger.finish()
+    (record,) = _history(logger.run_dir)  # one row: the step's metrics and its table
+    assert record["_step"] == 2 and record["critic/score/mean"] == 0.5
+    assert record["val/generations/_type"] == "table-file"
+    assert (record["val/generations/nrows"], record["val/generations/ncols"]) == (1, 5)
+    with open(os.path.join(logger.run_dir, "files", record["val/generations/path"])) as fh:
+        stored = json.load(fh)
+    assert stored["columns"] == ["step", "data_source", "prompt", "output", "score"]
+    assert stored["data"] == [[2, "src", "2+2?", "4", 1.0]]

@@ -315,6 +315,11 @@ class TrainerConfig:
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
+    # At each validation, this many of its samples (prompt, output, score, step) go to the
+    # loggers: the same prompts every time (sorted by prompt, sampled with trainer.seed); jsonl
+    # writes val_generations.jsonl, console a table, tensorboard text, wandb a Table, mlflow
+    # an artifact; a logger without log_generations skips them. 0: none
+    log_val_generations: int = 0
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: Any = None
     # A checkpoint whose files fail their checksums: false stops with the file named; true

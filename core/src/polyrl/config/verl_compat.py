@@ -280,9 +280,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect] = {
     "data.trust_remote_code": NoEffect("actor_rollout_ref.model.trust_remote_code sets it"),
     "data.*": NoEffect("the dataset is read in the driver"),
     # --- trainer and the rest ---
-    "trainer.log_val_generations": NoEffect(
-        "validation scores are logged, validation samples are not"
-    ),
     "trainer.balance_batch": NoEffect("rows are not reordered across ranks"),
     "trainer.max_critic_ckpt_to_keep": NoEffect(
         "trainer.max_actor_ckpt_to_keep counts whole checkpoints"

@@ -10,7 +10,7 @@ checkpoints and the loggers stay the same.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -35,9 +35,21 @@ class BatchLoader(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@dataclass
+class ValidationResult:
+    """What a validation that generates returns: its metrics and the samples picked for
+    ``trainer.log_val_generations`` (rows of ``data_source``, ``prompt``, ``output`` and
+    ``score``; the trainer stamps the step and sends them to the loggers). A validation that
+    shows no samples (DPO's, on fixed pairs) returns its metrics dict alone."""
+
+    metrics: dict[str, float]
+    generations: list[dict[str, Any]] = field(default_factory=list)
+
+
 #: ``validate(ctx) -> metrics``: runs on the driver with the step's context (workers, tokenizer,
-#: reward); metrics named ``val-core/...`` (headline figures) and ``val-aux/...``.
-Validation = Callable[["StepContext"], dict[str, float]]
+#: reward); metrics named ``val-core/...`` (headline figures) and ``val-aux/...``, alone or in a
+#: :class:`ValidationResult` with the samples to log.
+Validation = Callable[["StepContext"], "dict[str, float] | ValidationResult"]
 
 
 @dataclass
@@ -53,7 +65,7 @@ def training_data_from_files(
     tokenizer: Any,
     dataset: Callable[[list[str], Any, Any], Any],
     loader: Callable[..., BatchLoader],
-    validate: Callable[[Any, StepContext], dict[str, float]],
+    validate: Callable[[Any, StepContext], dict[str, float] | ValidationResult],
 ) -> TrainingData:
     """``dataset(files, tokenizer, cfg.data)`` of ``data.train_files`` in a
     ``loader(train_set, data.train_batch_size, shuffle=, seed=)``; with ``data.val_files``, the

@@ -34,5 +34,11 @@ class MetricsLogger(ABC):
         """Record the image file at ``path`` under ``name`` (the run's reward curve, once at the
         end, at the last step). Loggers that keep only scalars ignore it."""
 
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Record validation samples (``trainer.log_val_generations``): each row has ``step``,
+        ``data_source``, ``prompt`` and ``output`` (text) and ``score`` (float), the same
+        prompts at every validation of a run. Optional: loggers that keep only scalars ignore
+        it, and the trainer skips a logger class that lacks the method."""
+
     def finish(self) -> None:
         """Flush and close at the end of the run (also after a crash)."""

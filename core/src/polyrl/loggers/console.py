@@ -4,7 +4,8 @@ On a terminal a tqdm bar on stderr counts steps from the resumed step to ``total
 postfix shows reward, KL, response length, seconds per step and the last validation reward. When
 stderr is not a terminal (CI, ``nohup``, a log file) a redrawn bar turns into thousands of
 carriage-return fragments, so the logger writes one concise line per logged step instead.
-``POLYRL_PROGRESS=bar|lines`` overrides the detection.
+``POLYRL_PROGRESS=bar|lines`` overrides the detection. Validation samples
+(``trainer.log_val_generations``) are printed as a few lines each validation, above the bar.
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from polyrl.loggers.values import (
 )
 
 PROGRESS_ENV = "POLYRL_PROGRESS"
+# How much of a validation sample's prompt and output one console line shows.
+PROMPT_CHARS = 60
+OUTPUT_CHARS = 80
+
+
+def _clip(text: str, limit: int, *, keep_end: bool) -> str:
+    """``text`` on one line (whitespace runs as one space), cut to ``limit`` characters with an
+    ellipsis where it was cut."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= limit:
+        return flat
+    return "…" + flat[-(limit - 1) :] if keep_end else flat[: limit - 1] + "…"
 
 
 def key_figures(metrics: dict[str, float], last_val: float | None = None) -> list[tuple[str, str]]:
@@ -106,6 +119,27 @@ class ConsoleLogger(MetricsLogger):
                 self._bar.refresh()
         else:
             self._stream.write(self._line(step, figures) + "\n")
+            self._stream.flush()
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A compact table of the validation samples: score, source, the prompt's end (after a
+        chat template's system text, the question is there) and the output's start, each on
+        one line; printed above the bar on a terminal."""
+        if self._closed:
+            return
+        text = "\n".join(
+            [f"[polyrl] validation samples, step {step}:"]
+            + [
+                f"  {row['score']:>7.3f}  {row['data_source']}  "
+                f"{_clip(row['prompt'], PROMPT_CHARS, keep_end=True)!r} -> "
+                f"{_clip(row['output'], OUTPUT_CHARS, keep_end=False)!r}"
+                for row in rows
+            ]
+        )
+        if self._bar is not None:
+            self._bar.write(text, file=self._stream)
+        else:
+            self._stream.write(text + "\n")
             self._stream.flush()
 
     def _line(self, step: int, figures: list[tuple[str, str]]) -> str:

@@ -20,6 +20,12 @@ record (plots, the end-to-end tests and resume all read it), hence these choices
 Each ``log()`` call writes one line; the trainer logs once per training step (validation metrics
 merged into the step's dict) and, when it validates before training, once at step 0 with those
 metrics alone, so steps are unique.
+
+With ``trainer.log_val_generations=N`` each validation's N samples go to
+``<log_dir>/val_generations.jsonl`` beside it, one line per sample
+(``{"step", "data_source", "prompt", "output", "score"}``), under the same rules (fsync'd,
+truncated on resume, an earlier run's file moved aside); the file is created at the first
+validation that logs samples.
 """
 
 from __future__ import annotations
@@ -28,13 +34,14 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from polyrl.fsutil import atomic_write_text, fsync_path
 from polyrl.interfaces.logger import LoggerContext, MetricsLogger
 from polyrl.loggers.values import finite_or_none, to_float_metrics
 
 METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "val_generations.jsonl"
 
 _log = logging.getLogger(__name__)
 
@@ -83,12 +90,15 @@ def _drop_partial_last_line(path: str) -> None:
         fh.truncate(cut)
         fh.flush()
         os.fsync(fh.fileno())
-    _log.warning("metrics.jsonl: dropped an incomplete last line (crash during a write)")
+    _log.warning(
+        "%s: dropped an incomplete last line (crash during a write)", os.path.basename(path)
+    )
 
 
 def _move_aside(path: str) -> str:
+    """``<name>.jsonl`` -> ``<name>.<timestamp>.jsonl`` (a free name)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
-    base = os.path.join(os.path.dirname(path), f"metrics.{stamp}")
+    base = f"{os.path.splitext(path)[0]}.{stamp}"
     target, n = f"{base}.jsonl", 1
     while os.path.exists(target):
         target, n = f"{base}-{n}.jsonl", n + 1
@@ -107,13 +117,14 @@ def prepare_metrics_file(path: str, resumed_from_step: int) -> None:
         dropped = truncate_after(path, resumed_from_step)
         if dropped:
             _log.info(
-                "metrics.jsonl: dropped %d lines after step %d (resuming)",
+                "%s: dropped %d lines after step %d (resuming)",
+                os.path.basename(path),
                 dropped,
                 resumed_from_step,
             )
     elif os.path.getsize(path) > 0:
         moved = _move_aside(path)
-        _log.warning("metrics.jsonl of an earlier run moved aside to %s", moved)
+        _log.warning("%s of an earlier run moved aside to %s", os.path.basename(path), moved)
 
 
 def encode_record(metrics: dict[str, float], step: int) -> str:
@@ -133,25 +144,58 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [r for r in map(_parse, fh.read().splitlines()) if r is not None]
 
 
+def _open_for_append(path: str) -> TextIO:
+    """``path`` opened for appending; a new file's folder entry is fsync'd too."""
+    existed = os.path.exists(path)
+    fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+    if not existed:
+        fsync_path(os.path.dirname(os.path.abspath(path)))
+    return fh
+
+
+def _append(fh: TextIO, lines: list[str]) -> None:
+    fh.write("".join(line + "\n" for line in lines))
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
 class JsonlLogger(MetricsLogger):
-    """Appends one fsync'd JSON line per ``log()`` call to ``<ctx.log_dir>/metrics.jsonl``."""
+    """Appends one fsync'd JSON line per ``log()`` call to ``<ctx.log_dir>/metrics.jsonl``, and
+    one per validation sample to ``val_generations.jsonl``."""
 
     def __init__(self, ctx: LoggerContext) -> None:
         super().__init__(ctx)
         self.path = metrics_path(ctx.log_dir)
         prepare_metrics_file(self.path, ctx.resumed_from_step)
-        existed = os.path.exists(self.path)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
-        if not existed:
-            fsync_path(os.path.dirname(os.path.abspath(self.path)))
+        self.generations_path = os.path.join(ctx.log_dir, GENERATIONS_FILE)
+        # now, not at the first samples: a resumed run that validates later must not keep the
+        # samples logged after its checkpoint, nor a fresh run append to an earlier run's
+        prepare_metrics_file(self.generations_path, ctx.resumed_from_step)
+        self._fh = _open_for_append(self.path)
+        self._generations: TextIO | None = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._fh.closed:
             raise RuntimeError(f"JsonlLogger for {self.path} was already finished")
-        self._fh.write(encode_record(metrics, step) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        _append(self._fh, [encode_record(metrics, step)])
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        if self._fh.closed:
+            raise RuntimeError(f"JsonlLogger for {self.path} was already finished")
+        if self._generations is None:
+            self._generations = _open_for_append(self.generations_path)
+        lines = [
+            json.dumps(
+                {**row, "step": int(step), "score": finite_or_none(row["score"])},
+                allow_nan=False,
+                ensure_ascii=False,
+            )
+            for row in rows
+        ]
+        _append(self._generations, lines)
 
     def finish(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+        if self._generations is not None and not self._generations.closed:
+            self._generations.close()

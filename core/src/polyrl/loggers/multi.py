@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -91,6 +91,22 @@ class LoggerGroup:
         """Send the image file at ``path`` to every logger (see
         :meth:`polyrl.interfaces.MetricsLogger.log_image`)."""
         self._each("log_image", lambda lg: lg.log_image(name, path, int(step)))
+
+    def log_generations(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Send validation samples, each stamped with ``step``, to every logger that has
+        ``log_generations`` (:meth:`polyrl.interfaces.MetricsLogger.log_generations`); a logger
+        class that does not subclass :class:`MetricsLogger` and lacks it is skipped silently,
+        as there is no scalar to fall back to. No rows, no call."""
+        if not rows:
+            return
+        stamped = [{"step": int(step), **row} for row in rows]
+
+        def send(logger: Any) -> None:
+            method = getattr(logger, "log_generations", None)
+            if method is not None:
+                method([dict(row) for row in stamped], int(step))
+
+        self._each("log_generations", send)
 
     def finish(self) -> None:
         """Finish every logger once; later calls do nothing."""

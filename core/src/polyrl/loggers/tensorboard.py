@@ -5,16 +5,24 @@ imported it anyway; tensorboard's own framework-free writer is marked experiment
 from step N the writer is opened with ``purge_step=N + 1``: TensorBoard then hides the events
 with step > N that the crashed run wrote after its last checkpoint, so curves do not fold back.
 Metric names are used as tags unchanged; their ``/`` groups them into TensorBoard sections.
+Validation samples (``trainer.log_val_generations``) are a text table per validation.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from polyrl.interfaces.logger import LoggerContext, MetricsLogger
 from polyrl.loggers.values import to_float_metrics
 
 TENSORBOARD_SUBDIR = "tensorboard"
+GENERATIONS_TAG = "val/generations"
+
+
+def _cell(text: Any) -> str:
+    """``text`` as one Markdown table cell: a ``|`` would end the cell, a newline the row."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 class TensorboardLogger(MetricsLogger):
@@ -35,6 +43,20 @@ class TensorboardLogger(MetricsLogger):
             raise RuntimeError(f"TensorboardLogger for {self.log_dir} was already finished")
         for key, value in to_float_metrics(metrics).items():
             self._writer.add_scalar(key, value, global_step=int(step))
+        self._writer.flush()
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """The validation samples as one Markdown table under the ``val/generations`` text tag
+        (TensorBoard's Text tab renders it, with a step slider)."""
+        if self._closed:
+            raise RuntimeError(f"TensorboardLogger for {self.log_dir} was already finished")
+        lines = ["| score | source | prompt | output |", "|---|---|---|---|"]
+        lines += [
+            f"| {row['score']:.3f} | {_cell(row['data_source'])} | {_cell(row['prompt'])} | "
+            f"{_cell(row['output'])} |"
+            for row in rows
+        ]
+        self._writer.add_text(GENERATIONS_TAG, "\n".join(lines), global_step=int(step))
         self._writer.flush()
 
     def finish(self) -> None:

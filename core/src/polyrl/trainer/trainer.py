@@ -33,7 +33,7 @@ from polyrl.checkpoint import (
     save_driver_state,
 )
 from polyrl.config import to_container
-from polyrl.data.training import TrainingData
+from polyrl.data.training import TrainingData, ValidationResult
 from polyrl.errors import ConfigError, PolyrlError
 from polyrl.fsutil import DiskFullError, naming_full_disk
 from polyrl.interfaces import LoggerContext, RewardContext, SamplingParams
@@ -55,6 +55,7 @@ from polyrl.trainer.outputs import (
     move_earlier_reward_curve_aside,
 )
 from polyrl.trainer.recovery import Restart, record_restart, worker_died
+from polyrl.trainer.val_generations import generation_rows, pick_generations
 from polyrl.workers.group import WorkerError
 from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
@@ -107,8 +108,10 @@ def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
     return training_data_from_files(cfg, tokenizer, dataset, PromptLoader, validate_by_generation)
 
 
-def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, float]:
-    """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source."""
+def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationResult:
+    """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source;
+    with ``trainer.log_val_generations=N``, N of the samples to log
+    (:mod:`polyrl.trainer.val_generations` picks them)."""
     from polyrl.data.dataset import collate
 
     val = ctx.cfg.actor_rollout_ref.rollout.val_kwargs
@@ -122,23 +125,34 @@ def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> dict[str, fl
         seed=int(ctx.cfg.trainer.seed),
     )
     size = int(ctx.cfg.data.val_batch_size or len(val_set))
+    shown = int(ctx.cfg.trainer.log_val_generations)
     scores: dict[str, list[float]] = {}
     lengths: list[float] = []
+    rows: list[dict[str, Any]] = []
     for start in range(0, len(val_set), size):
         items = [val_set[i] for i in range(start, min(start + size, len(val_set)))]
         prompts = collate(items, ctx.tokenizer.pad_token_id)
         padded = pad_rows_to_multiple(prompts, ctx.workers.dp_size("rollout"))
         out = generate(ctx, padded, params).slice(0, len(prompts) * params.n)
         token_scores, _ = score_responses(ctx, out)
-        for source, score in zip(out["data_source"], token_scores.sum(-1).tolist()):
+        sample_scores = token_scores.sum(-1).tolist()
+        for source, score in zip(out["data_source"], sample_scores):
             scores.setdefault(str(source), []).append(score)
-        lengths += out["response_mask"].sum(-1).float().tolist()
+        response_lengths = out["response_mask"].sum(-1).long().tolist()
+        lengths += [float(n) for n in response_lengths]
+        if shown:
+            outputs = ctx.tokenizer.batch_decode(
+                [row[:n] for row, n in zip(out["responses"].tolist(), response_lengths)],
+                skip_special_tokens=True,
+            )
+            prompt_texts = [str(text) for text in out["raw_prompt"]]
+            rows += generation_rows(out["data_source"], prompt_texts, outputs, sample_scores)
     metrics = {
         f"val-core/{source}/reward/mean@{params.n}": float(np.mean(values))
         for source, values in scores.items()
     }
     metrics["val-aux/response_length/mean"] = float(np.mean(lengths))
-    return metrics
+    return ValidationResult(metrics, pick_generations(rows, shown, int(ctx.cfg.trainer.seed)))
 
 
 class RLTrainer:
@@ -244,12 +258,14 @@ class RLTrainer:
         return {i for i in ids if i is not None}
 
     # ---- validation --------------------------------------------------------------------------
-    def validate(self) -> dict[str, float]:
-        """The run's validation (:attr:`TrainingData.validate`); none gives no metrics."""
+    def validate(self) -> ValidationResult:
+        """The run's validation (:attr:`TrainingData.validate`); none gives no metrics. A
+        validation's plain metrics dict is one without samples to log."""
         if self.data.validate is None:
-            return {}
+            return ValidationResult({})
         self.schedule.before_validation(self.context)
-        return self.data.validate(self.context)
+        result = self.data.validate(self.context)
+        return result if isinstance(result, ValidationResult) else ValidationResult(result)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, step: int) -> str:
@@ -354,24 +370,29 @@ class RLTrainer:
         pending = restart.metrics() if restart is not None else {}
         with LoggerGroup.from_registrations(self.plan.loggers, logger_ctx) as loggers:
             if cfg.val_before_train and start_step == 0 and self.data.validate is not None:
-                val_before = self.validate()
+                before = self.validate()
+                val_before = before.metrics
                 print(f"polyrl: validation before training: {val_before}", file=sys.stderr)
                 # Its own record, at step 0 (the policy no update has touched yet); then one
                 # record per training step, 1, 2, ...
                 if val_before:
                     loggers.log(val_before, 0)
+                loggers.log_generations(before.generations, 0)
             for step in range(start_step + 1, self.total_steps + 1):
                 self._step_running = step
                 metrics = self._train_step(step)
                 is_last = step == self.total_steps
+                samples: list[dict[str, Any]] = []
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
-                    val_after = self.validate()
+                    after = self.validate()
+                    val_after, samples = after.metrics, after.generations
                     metrics.update(val_after)
                 metrics["training/epoch"] = float(self.loader.epoch)
                 metrics.update(pending)
                 pending = {}
                 with naming_full_disk(self.output_dir, f"the metrics of step {step}"):
                     loggers.log(metrics, step)
+                    loggers.log_generations(samples, step)
                 self._finished_steps = step
                 if self._saves_checkpoint(step):
                     last_checkpoint = self._save_checkpoint(step)

@@ -1,8 +1,10 @@
 """``trainer.logger=[mlflow]``: one MLflow run per training run, through ``MlflowClient`` (no
-process-global active run, so a notebook's own mlflow state is left alone)."""
+process-global active run, so a notebook's own mlflow state is left alone). Validation samples
+(``trainer.log_val_generations``) are a JSON-lines artifact per validation."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -87,6 +89,12 @@ class MlflowLogger(MetricsLogger):
 
     def log_image(self, name: str, path: str, step: int) -> None:
         self.client.log_artifact(self.run_id, path, artifact_path="images")
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """The validation samples as a JSON-lines artifact,
+        ``val_generations/step_<step>.jsonl`` (MLflow has no table of text per step)."""
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        self.client.log_text(self.run_id, text, f"val_generations/step_{int(step):08d}.jsonl")
 
     def finish(self) -> None:
         if not self._finished:

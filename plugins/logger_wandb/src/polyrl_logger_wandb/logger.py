@@ -14,6 +14,8 @@ later with ``wandb sync``.
 Resume: the run id is kept in ``<log_dir>/wandb_run_id.txt``. A training run that resumes from a
 checkpoint (``ctx.resumed_from_step > 0``) reuses it with ``resume="allow"``, so its steps
 continue the same wandb run instead of starting a second one. A fresh run gets a new id.
+
+Validation samples (``trainer.log_val_generations``) are a ``wandb.Table`` per validation.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from polyrl_logger_wandb.config import WandbLoggerConfig
 
 RUN_ID_FILE = "wandb_run_id.txt"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
+GENERATIONS_KEY = "val/generations"
+GENERATION_COLUMNS = ("step", "data_source", "prompt", "output", "score")
 
 _log = logging.getLogger(__name__)
 
@@ -111,6 +115,19 @@ class WandbLogger(MetricsLogger):
         if self._finished:
             raise RuntimeError(f"WandbLogger for run {self.run_id} was already finished")
         self._run.log(to_float_metrics(metrics), step=int(step))
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """The validation samples as a ``wandb.Table`` under ``val/generations`` at ``step``
+        (one table per validation; the UI's step slider moves between them)."""
+        if self._finished:
+            raise RuntimeError(f"WandbLogger for run {self.run_id} was already finished")
+        import wandb
+
+        table = wandb.Table(
+            columns=list(GENERATION_COLUMNS),
+            data=[[row[column] for column in GENERATION_COLUMNS] for row in rows],
+        )
+        self._run.log({GENERATIONS_KEY: table}, step=int(step))
 
     def finish(self) -> None:
         if not self._finished:
