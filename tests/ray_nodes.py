@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-RAY = str(Path(sys.executable).with_name("ray"))
+# Ray's command line as its console script would run it: an install without the script (the
+# lent GPU machine's unpacked Ray) still has the module.
+RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 
 
 def free_port() -> int:
@@ -54,7 +56,7 @@ def start_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Po
     """``ray start --block ...`` in a session of its own, its output in ``log``."""
     with log.open("w") as out:
         return subprocess.Popen(
-            [RAY, "start", "--block", *args],
+            [*RAY, "start", "--block", *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -68,7 +70,7 @@ def wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while True:
         status = subprocess.run(
-            [RAY, "status", f"--address={address}"],
+            [*RAY, "status", f"--address={address}"],
             capture_output=True,
             text=True,
             env=env,
