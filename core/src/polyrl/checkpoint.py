@@ -219,6 +219,8 @@ RESUME_NEUTRAL_PREFIXES = (
     "trainer.save_freq",
     "trainer.test_freq",
     "trainer.val_before_train",
+    "trainer.log_val_generations",
+    "trainer.export_hf_every_save",
     "trainer.experiment_name",
     "trainer.project_name",
     "trainer.default_local_dir",
