@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polyrl.cli import build_parser, command_overrides
 from polyrl.config import load_config
 from polyrl.config.validate import validate_config
-from polyrl.config.verl_cli import split_config_options
 from polyrl.config.verl_compat import NOT_SUPPORTED
 from polyrl.errors import ConfigError
 
@@ -82,7 +82,10 @@ def replay(script: str, args: list[str], configs: dict[str, str], tmp: Path) -> 
 
 def _problems(args: list[str]) -> list[str]:
     try:
-        return validate_config(load_config(split_config_options(args)))
+        # argparse as `polyrl validate` parses it: the same path as the command line's.
+        parsed, extra = build_parser().parse_known_args(["validate", *args])
+        parsed.overrides = [*parsed.overrides, *extra]
+        return validate_config(load_config(command_overrides(parsed)))
     except ConfigError as exc:
         return [str(exc)]
 

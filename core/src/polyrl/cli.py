@@ -185,11 +185,22 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 # ---- polyrl validate / config / train ----------------------------------------------------------
+def command_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of ``validate``/``config``/``train``: verl's ``--config-path``/
+    ``--config-name`` (a verl config or a user's yaml in verl's layout) become overrides placed
+    before the command line's, so the command line wins."""
+    from polyrl.config.verl_cli import config_file_overrides
+
+    if args.config_path is None and args.config_name is None:
+        return list(args.overrides)
+    return [*config_file_overrides(args.config_path, args.config_name), *args.overrides]
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from polyrl.config import load_config
     from polyrl.config.validate import summarize, validate_config
 
-    cfg = load_config(args.overrides)
+    cfg = load_config(command_overrides(args))
     problems = validate_config(cfg)
     if problems:
         print(f"config is invalid ({len(problems)} problem(s)):", file=sys.stderr)
@@ -206,7 +217,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from polyrl.config import load_config
 
-    print(OmegaConf.to_yaml(load_config(args.overrides)), end="")
+    print(OmegaConf.to_yaml(load_config(command_overrides(args))), end="")
     return EXIT_OK
 
 
@@ -229,7 +240,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from polyrl.trainer.main import train_from_overrides
 
-    return int(train_from_overrides(args.overrides) or 0)
+    return int(train_from_overrides(command_overrides(args)) or 0)
 
 
 # ---- polyrl export ---------------------------------------------------------------------------
@@ -323,6 +334,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+        p.add_argument("--config-path", help="verl's form: the folder of --config-name's yaml")
+        p.add_argument(
+            "--config-name",
+            help="verl's form: ppo_trainer, ppo_megatron_trainer or a yaml in verl's layout",
+        )
         p.set_defaults(func=func)
 
     p = sub.add_parser(
@@ -401,7 +417,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # Overrides after verl's --config-name are left over by argparse; any other leftover
+        # is a usage error, which parse_args reports.
+        if extra and (not hasattr(args, "config_name") or any(a.startswith("-") for a in extra)):
+            parser.parse_args(argv)
+        if extra:
+            args.overrides = [*args.overrides, *extra]
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     previous = signal.signal(signal.SIGTERM, _raise_terminated)

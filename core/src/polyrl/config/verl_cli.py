@@ -20,27 +20,6 @@ VERL_CONFIGS: dict[str, list[str]] = {
     "ppo_trainer": [],
     "ppo_megatron_trainer": ["actor_rollout_ref.actor.strategy=megatron"],
 }
-OPTIONS = ("--config-path", "--config-name")
-
-
-def split_config_options(args: list[str]) -> list[str]:
-    """``args`` (overrides, possibly with ``--config-path``/``--config-name`` in either the
-    ``--opt=value`` or the ``--opt value`` form) as overrides only."""
-    found: dict[str, str] = {}
-    overrides: list[str] = []
-    items = iter(args)
-    for arg in items:
-        name, sep, value = arg.partition("=")
-        if name in OPTIONS:
-            found[name] = value if sep else next(items, "")
-        else:
-            overrides.append(arg)
-    if not found:
-        return overrides
-    return [
-        *config_file_overrides(found.get("--config-path"), found.get("--config-name")),
-        *overrides,
-    ]
 
 
 def config_file_overrides(path: str | None, name: str | None) -> list[str]:
@@ -56,8 +35,8 @@ def config_file_overrides(path: str | None, name: str | None) -> list[str]:
     file = Path(path or ".") / f"{stem}.yaml"
     if not file.is_file():
         raise ConfigError(
-            f"--config-name={name}: no file {file}; name verl's ppo_trainer or "
-            f"ppo_megatron_trainer, or a yaml in the --config-path folder"
+            f"--config-name {name}: no {stem}.yaml under --config-path {path or '.'}; name "
+            f"verl's ppo_trainer or ppo_megatron_trainer, or a yaml in that folder"
         )
     import yaml
 
