@@ -46,13 +46,13 @@ ATTACKS = {
     "raise SystemExit": "raise SystemExit\n" + HONEST,
     "sys.exit(0)": "import sys\nsys.exit(0)\n" + HONEST,
     "os._exit(0)": "import os\nos._exit(0)\n" + HONEST,
-    # honest otherwise, so they pass; their daemons must not outlive the case. The second kills
-    # the launcher guarding it: its daemon falls to the reward worker, which ends it.
+    # honest otherwise; their daemons must not outlive the case. The first passes. The second
+    # kills the launcher guarding it, and so itself (it dies with its launcher): its case fails,
+    # however far it got, and its daemon falls to the reward worker, which ends it.
     "double-forked daemon": _daemon(""),
     "daemon killing its launcher": _daemon("import signal\nos.kill(os.getppid(), 9)\n"),
 }
-DAEMONS = ("double-forked daemon", "daemon killing its launcher")
-EXPECTED = {name: 1.0 if name in DAEMONS else 0.0 for name in ATTACKS}
+EXPECTED = {name: 1.0 if name == "double-forked daemon" else 0.0 for name in ATTACKS}
 
 
 def _daemons() -> list[str]:

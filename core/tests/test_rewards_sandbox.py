@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -163,3 +164,18 @@ def test_the_report_channel_counts_only_the_nonce():
     assert not run_program(f"import os\nos.write({fd}, b'0' * 32)\n", report=True).reported
     assert not run_program("pass", report=True).reported
     assert not run_program(honest).reported  # no channel asked for: none given
+
+
+def test_a_report_followed_by_killing_the_launcher_counts_nothing(monkeypatch):
+    """The program dies with its launcher; whether its report got out first is timing, so a
+    killed launcher voids the report even when the nonce was written before the kill. Nested
+    (as in a reward worker): no PID namespace, so the launcher is the program's parent."""
+    monkeypatch.setenv("POLYRL_SANDBOX", "nested")
+    fd = "int(os.environ['POLYRL_REPORT_FD'])"
+    program = (
+        f"import os, signal\nos.write({fd}, os.environ['POLYRL_REPORT_NONCE'].encode())\n"
+        "os.kill(os.getppid(), signal.SIGKILL)\n"
+    )
+    result = run_program(program, report=True)
+    assert result.returncode == -signal.SIGKILL
+    assert not result.reported

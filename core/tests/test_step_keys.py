@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
 from polyrl.config.sections import schema_config
+from polyrl.data.training import ValidationResult
 from polyrl.interfaces import RolloutEngine, TrainingEngine
 from polyrl.registry import get_registry
 from polyrl.specs import PluginKind, RolloutEngineSpec, TrainingEngineSpec
@@ -320,7 +321,9 @@ def bare_trainer(tmp_path, *, val_before: bool):
     trainer.pipeline = SimpleNamespace(state_dict=dict, finish=lambda: None)
     validations = iter([0.25, 0.75])
     trainer._resume = lambda: 0
-    trainer.validate = lambda: {"val-core/digits/reward/mean@1": next(validations)}
+    trainer.validate = lambda: ValidationResult(
+        {"val-core/digits/reward/mean@1": next(validations)}
+    )
     trainer._train_step = lambda step: {"critic/score/mean": step / 10}
     trainer._plot = lambda path: None
     return trainer

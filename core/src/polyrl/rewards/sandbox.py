@@ -16,7 +16,9 @@ applied in ``POLYRL_SANDBOX``):
   of one sample would use up the process limit of every later one;
 - a report channel (``report=True``): a pipe only the program holds and a random nonce, both
   handed over in the environment (``POLYRL_REPORT_FD``, ``POLYRL_REPORT_NONCE``), so the program
-  can prove that it reached a given point -- an exit status cannot, since any code can exit 0;
+  can prove that it reached a given point -- an exit status cannot, since any code can exit 0.
+  A report counts only when the launcher saw the program end without a signal: one that kills
+  its launcher (and so itself) reports nothing, however far it got;
 - no network: a new network namespace where the OS allows one (root, or unprivileged user
   namespaces); otherwise an audit hook refuses to create sockets in Python code;
 - a fresh working directory (deleted afterwards) that is the only writable place when a mount
@@ -252,7 +254,12 @@ def run_program(
             timed_out=timed_out,
             truncated=truncated,
             elapsed_s=time.monotonic() - start,
-            reported=report and _read_report(read_end) == nonce.encode(),
+            # Only a run the launcher saw to its end: a program that kills its launcher dies
+            # with it (parent-death signal), racing its own report -- a verdict by timing.
+            reported=report
+            and proc.returncode is not None
+            and proc.returncode >= 0
+            and _read_report(read_end) == nonce.encode(),
         )
     finally:
         for fd in (read_end, write_end):
