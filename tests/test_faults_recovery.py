@@ -48,15 +48,31 @@ polyrl.train(["recipe=tiny", f"trainer.default_local_dir={sys.argv[1]}", *sys.ar
 """
 
 
-def _busy_workers(session: int) -> list[psutil.Process]:
-    """The Ray worker processes of the run (in its session) that are running a call."""
+def _busy_workers(session: int, call: str = "") -> list[psutil.Process]:
+    """The Ray worker processes of the run (in its session) that are running a call (``call``:
+    that one, e.g. ``__init__``)."""
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
             title = proc.cmdline()[:1]
-            if os.getsid(proc.pid) == session and title and title[0].startswith("ray::Worker."):
+            prefix = f"ray::Worker.{call}"
+            if os.getsid(proc.pid) == session and title and title[0].startswith(prefix):
                 found.append(proc)
     return found
+
+
+def _launch(tmp_path: Path, overrides: list[str]) -> tuple[subprocess.Popen, Path, Path, Path]:
+    """The training script in its own session: the process, its run folder, step record, log."""
+    out, steps_file, log = tmp_path / "run", tmp_path / "steps.jsonl", tmp_path / "run.log"
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(out), str(steps_file), *overrides],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    return proc, out, steps_file, log
 
 
 def _metric_records(out: Path) -> list[dict]:
@@ -69,21 +85,13 @@ def _metric_records(out: Path) -> list[dict]:
 def test_a_killed_worker_is_replaced_and_the_run_trains_every_prompt_once_per_epoch(
     tmp_path: Path,
 ) -> None:
-    out, steps_file, log = tmp_path / "run", tmp_path / "steps.jsonl", tmp_path / "run.log"
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     overrides = [
         f'data.train_files="builtin:tiny_digits?train_size={PROMPTS}"',
         f"trainer.total_training_steps={STEPS}", "trainer.save_freq=2", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.export_hf_model=false",
         "trainer.max_restarts=2",
     ]  # fmt: skip
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(out), str(steps_file), *overrides],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+    proc, out, steps_file, log = _launch(tmp_path, overrides)
     try:
         deadline = time.monotonic() + 240
         victim = None
@@ -130,3 +138,36 @@ def test_a_killed_worker_is_replaced_and_the_run_trains_every_prompt_once_per_ep
         steps = range(epoch * STEPS_PER_EPOCH + 1, (epoch + 1) * STEPS_PER_EPOCH + 1)
         indices = [i for step in steps for i in trained[step][-1]]
         assert sorted(indices) == list(range(PROMPTS)), f"epoch {epoch}: {sorted(indices)}"
+
+
+def test_a_worker_killed_while_the_workers_start_is_replaced_before_the_first_step(
+    tmp_path: Path,
+) -> None:
+    overrides = [
+        "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.export_hf_model=false",
+        "trainer.max_restarts=1",
+    ]  # fmt: skip
+    proc, out, _, log = _launch(tmp_path, overrides)
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            starting = _busy_workers(proc.pid, "__init__")
+            victim = starting[0] if starting else None
+            time.sleep(0.002)
+        assert victim is not None, f"no starting worker to kill:\n{log.read_text()[-3000:]}"
+        victim.kill()
+        code = proc.wait(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 0, output[-6000:]
+    assert "lost while the workers started; starting them again" in output, output[-4000:]
+    restarts = [json.loads(line) for line in (out / "restarts.jsonl").read_text().splitlines()]
+    assert [(r["number"], r["failed_step"], r["steps_lost"]) for r in restarts] == [(1, 0, 0)]
+    records = _metric_records(out)
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["recovery/restarts"] == 1.0 and records[0]["recovery/steps_lost"] == 0.0

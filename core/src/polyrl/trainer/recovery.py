@@ -7,6 +7,9 @@ code inside a live worker would be raised again on the same data, so it ends the
 When one rank dies, its peers may report their broken collective first, so a Python error from
 a worker still counts as a death when a worker of the group no longer answers a ping.
 
+A worker lost while the workers first start (before any step) is cured the same way: every
+worker is started again, and it counts as a restart that lost no step.
+
 Each restart is one line on stderr, one line in ``<run folder>/restarts.jsonl`` (its cause, the
 step that was running, the checkpoint step it went back to and the finished steps that had to be
 trained again), and ``recovery/restarts`` / ``recovery/steps_lost`` in the metrics of the first
@@ -56,12 +59,19 @@ def _group_has_dead_worker(group: Any) -> bool:
     return False
 
 
-def worker_died(exc: BaseException, workers: Any) -> bool:
+def worker_died(exc: BaseException, workers: Any | None) -> bool:
     """Whether the :class:`~polyrl.workers.group.WorkerError` ``exc`` means a worker of
-    ``workers`` (a :class:`~polyrl.workers.placement.RoleWorkers`) is gone."""
+    ``workers`` (a :class:`~polyrl.workers.placement.RoleWorkers`; None while they start, when
+    only the error itself can tell) is gone."""
     if _cause_is_death(exc):
         return True
-    return any(_group_has_dead_worker(group) for group in workers.groups.values())
+    groups = workers.groups.values() if workers is not None else ()
+    return any(_group_has_dead_worker(group) for group in groups)
+
+
+def cause_line(exc: BaseException) -> str:
+    """The first line of a worker error: what a restart records as its cause."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @dataclass
@@ -81,6 +91,11 @@ class Restart:
         return max(0, self.finished_steps - self.resumed_step)
 
     def line(self, max_restarts: int) -> str:
+        if self.failed_step == 0 and self.resumed_step == 0 and self.finished_steps == 0:
+            return (
+                f"polyrl: restart {self.number} of at most {max_restarts} after a worker was "
+                f"lost while the workers started; starting them again. Cause: {self.cause}"
+            )
         return (
             f"polyrl: restart {self.number} of at most {max_restarts} after a worker was lost in "
             f"step {self.failed_step}; resuming from step {self.resumed_step} "

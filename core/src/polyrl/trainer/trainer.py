@@ -54,7 +54,7 @@ from polyrl.trainer.outputs import (
     install_export,
     move_earlier_reward_curve_aside,
 )
-from polyrl.trainer.recovery import Restart, record_restart, worker_died
+from polyrl.trainer.recovery import Restart, cause_line, record_restart, worker_died
 from polyrl.trainer.val_generations import generation_rows, pick_generations
 from polyrl.workers.group import WorkerError
 from polyrl.workers.nodes import require_cluster_to_join
@@ -223,7 +223,26 @@ class RLTrainer:
             num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
             extra=dict(cfg.trainer.ray_init),
         )
-        self._start_workers()
+        self._restarts: list[Restart] = []
+        self._first_start()
+
+    def _first_start(self) -> None:
+        """Start the workers; with ``trainer.max_restarts``, a worker lost while they start
+        (killed, out of memory, its node gone) is a restart like one lost in a step: all of
+        them are started again (:mod:`polyrl.trainer.recovery`)."""
+        while True:
+            try:
+                self._start_workers()
+                return
+            except WorkerError as exc:
+                if len(self._restarts) >= int(self.cfg.trainer.max_restarts) or not worker_died(
+                    exc, None
+                ):
+                    raise
+                restart = Restart(len(self._restarts) + 1, cause_line(exc), 0, 0, resumed_step=0)
+                record_restart(self.output_dir, restart)
+                print(restart.line(int(self.cfg.trainer.max_restarts)), file=sys.stderr)
+                self._restarts.append(restart)
 
     def _start_workers(self) -> None:
         eos_ids = sorted(self._eos_token_ids())
@@ -338,7 +357,7 @@ class RLTrainer:
         self._start_state = None if start_step else self._driver_snapshot()
         self._finished_steps = start_step
         self._step_running = start_step
-        restarts: list[Restart] = []
+        restarts = list(self._restarts)  # those of the first start
         while True:
             try:
                 if restarts and restarts[-1].resumed_step < 0:
@@ -349,9 +368,10 @@ class RLTrainer:
                     exc, self.workers
                 ):
                     raise
-                cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 restarts.append(
-                    Restart(len(restarts) + 1, cause, self._step_running, self._finished_steps)
+                    Restart(
+                        len(restarts) + 1, cause_line(exc), self._step_running, self._finished_steps
+                    )
                 )
 
     def _fit_from(self, start_step: int, restart: Restart | None) -> TrainResult:
