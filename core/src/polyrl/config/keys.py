@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar, get_origin, get_type_hints
 
@@ -29,6 +30,12 @@ def schema_keys(node: Any = None, prefix: str = "") -> list[str]:
     by default of the run's whole schema, the installed plugins' sections included."""
     if node is None:
         return _whole_schema(schema_keys)
+    return list(_keys_of(node, prefix))
+
+
+@functools.cache
+def _keys_of(node: type, prefix: str) -> tuple[str, ...]:
+    # Cached: a dataclass's fields do not change, and every override of a command line asks.
     keys: list[str] = []
     hints = get_type_hints(node)
     for f in fields(node):
@@ -36,8 +43,8 @@ def schema_keys(node: Any = None, prefix: str = "") -> list[str]:
         keys.append(key)
         hint = hints[f.name]
         if is_dataclass(hint):
-            keys.extend(schema_keys(hint, key + "."))
-    return keys
+            keys.extend(_keys_of(hint, key + "."))
+    return tuple(keys)
 
 
 def free_form_prefixes() -> tuple[str, ...]:
@@ -198,20 +205,25 @@ def schema_types(node: Any = None, prefix: str = "") -> dict[str, str]:
     e.g. [a,b]`` ...); by default of the run's whole schema."""
     if node is None:
         return _whole_schema(schema_types)
+    return dict(_types_of(node, prefix))
+
+
+@functools.cache
+def _types_of(node: type, prefix: str) -> tuple[tuple[str, str], ...]:
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     types: dict[str, str] = {}
     hints = get_type_hints(node)
     for f in fields(node):
         key, hint = f"{prefix}{f.name}", hints[f.name]
         if is_dataclass(hint):
-            types.update(schema_types(hint, key + "."))
+            types.update(_types_of(hint, key + "."))
         elif get_origin(hint) is list:
             types[key] = "a list, e.g. [a,b]"
         elif get_origin(hint) is dict:
             types[key] = "a mapping, e.g. {a: 1}"
         elif hint in names:
             types[key] = names[hint]
-    return types
+    return tuple(types.items())
 
 
 def _whole_schema(walk: Any) -> Any:
