@@ -26,11 +26,25 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
 
 @hookimpl
 def polyrl_reward_providers() -> Iterator[RewardProviderSpec]:
+    naive = "polyrl.rewards.provider:NaiveRewardProvider"
     yield RewardProviderSpec(
         name="naive",
         description="Verifiable scorers chosen by data_source, or custom_reward_function, "
         "in parallel processes with a per-sample timeout",
-        provider="polyrl.rewards.provider:NaiveRewardProvider",
+        provider=naive,
+    )
+    # verl's other reward managers that score the same way: their names select naive's scoring
+    yield RewardProviderSpec(
+        name="prime",
+        description="verl's prime reward manager: naive's scoring (parallel processes, a "
+        "per-sample timeout)",
+        provider=naive,
+    )
+    yield RewardProviderSpec(
+        name="dapo",
+        description="verl's DAPO reward manager: naive's scoring; its overlong punishment is "
+        "reward_model.overlong_buffer / reward_kwargs (polyrl-algo-grpo)",
+        provider=naive,
     )
 
 

@@ -58,6 +58,15 @@ def test_recipe_dapo_filters_around_the_overlong_penalty():
             "reward_model.overlong_buffer.len=17 must be from 1 to data.max_response_length (16)",
         ),
         (
+            ["reward_model.overlong_buffer.max_resp_len=17"],
+            "reward_model.overlong_buffer.max_resp_len=17 must be from 1 to "
+            "data.max_response_length (16)",
+        ),
+        (
+            ["reward_model.overlong_buffer.max_resp_len=8", "reward_model.overlong_buffer.len=9"],
+            "reward_model.overlong_buffer.len=9 must be from 1 to max_resp_len (8)",
+        ),
+        (
             ["reward_model.overlong_buffer.penalty_factor=-1"],
             "reward_model.overlong_buffer.penalty_factor=-1.0 must be >= 0",
         ),
@@ -83,7 +92,6 @@ def test_recipe_dapo_is_valid():
     [
         "algorithm.filter_groups.enable=true",
         "data.gen_batch_size=16",
-        "reward_model.overlong_buffer.enable=true",
     ],
 )
 def test_dapo_keys_with_another_algorithm_are_refused_not_ignored(override):
@@ -95,3 +103,47 @@ def test_dapo_keys_with_another_algorithm_are_refused_not_ignored(override):
 
 def test_an_interpolated_default_is_not_taken_for_a_change():
     assert validate_config(load_config(["recipe=tiny", "data.train_batch_size=16"])) == []
+
+
+def test_verls_dapo_reward_manager_command_line_means_the_same_buffer():
+    """verl's DAPO example: reward_manager=dapo with the buffer under reward_kwargs (``+`` on the
+    keys verl does not declare) selects naive scoring and the overlong stage at its settings."""
+    cfg = load_config(
+        [
+            "recipe=dapo",
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.log=false",
+            "+reward_model.reward_kwargs.max_resp_len=12",
+        ]
+    )
+    buffer = cfg.reward_model.overlong_buffer
+    assert (buffer.enable, buffer.len, buffer.penalty_factor, buffer.max_resp_len) == (
+        True,
+        4,
+        0.5,
+        12,
+    )
+    assert validate_config(cfg) == []
+
+
+_ENABLED = ["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"]
+
+
+def test_the_grpo_family_applies_the_overlong_buffer_as_verls_dapo_reward_manager():
+    overrides = ["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"]
+    for algorithm in ("grpo", "drgrpo", "rloo"):
+        cfg = load_config(["recipe=tiny", f"algorithm.name={algorithm}", *overrides])
+        assert validate_config(cfg) == []
+        assert build_pipeline(cfg).names()[:3] == ["gen", "reward", "overlong_penalty"]
+    bad = load_config(["recipe=tiny", "reward_model.overlong_buffer.enable=true"])
+    (line,) = validate_config(bad)
+    assert line.startswith("reward_model.overlong_buffer.len=0 must be from 1 to"), line
+
+
+def test_an_algorithm_outside_the_family_refuses_the_overlong_buffer():
+    cfg = load_config(["recipe=tiny", "algorithm.name=reinforce_plus_plus", *_ENABLED])
+    lines = [p for p in validate_config(cfg) if p.startswith("reward_model.overlong_buffer")]
+    assert lines and "read only by the algorithms 'dapo', 'drgrpo', 'grpo', 'rloo'" in lines[0]

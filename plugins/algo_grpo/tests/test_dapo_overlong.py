@@ -56,3 +56,26 @@ def test_stage_adds_the_penalty_to_score_and_reward_on_the_last_token():
     torch.testing.assert_close(state.batch["token_level_rewards"], rewards + penalty)
     assert state.metrics["overlong/penalized_frac"] == pytest.approx(2 / 3)
     assert state.metrics["overlong/penalty_mean"] == pytest.approx(-0.25)
+
+
+def test_max_resp_len_moves_the_buffer_as_verls_dapo_manager():
+    """verl: expected_len = max_resp_len - len; penalty min(-(n - expected_len) / len * f, 0)."""
+    cfg = load_config(
+        [
+            "recipe=tiny",
+            "data.max_response_length=4",
+            "reward_model.overlong_buffer.enable=true",
+            "reward_model.overlong_buffer.len=2",
+            "reward_model.overlong_buffer.max_resp_len=3",
+        ]
+    )
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]])
+    zeros = torch.zeros(mask.shape)
+    batch = Batch(
+        {"response_mask": mask, "token_level_scores": zeros, "token_level_rewards": zeros}
+    )
+    state = StepState(step=1, batch=batch)
+    OverlongPenaltyStage(cfg).run(state, ctx=None)
+    # lengths 4, 3, 1; expected_len 3 - 2 = 1: exceed 3, 2, 0 -> -1.5, -1.0, 0
+    last = state.batch["token_level_scores"].sum(-1)
+    torch.testing.assert_close(last, torch.tensor([-1.5, -1.0, 0.0]))

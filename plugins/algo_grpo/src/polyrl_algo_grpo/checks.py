@@ -38,16 +38,26 @@ def _filter_groups_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def _overlong_problems(cfg: Any) -> list[str]:
+def check_overlong_config(cfg: Any) -> list[str]:
+    """The overlong buffer's keys (every algorithm whose step applies it), one line each."""
     buffer = cfg.reward_model.overlong_buffer
     if not buffer.enable:
         return []
-    limit = cfg.data.max_response_length
+    limit = int(cfg.data.max_response_length)
     problems = []
-    if not 1 <= buffer.len <= limit:
+    end = buffer.max_resp_len
+    if end is not None and not 1 <= end <= limit:
+        problems.append(
+            f"reward_model.overlong_buffer.max_resp_len={end} must be from 1 to "
+            f"data.max_response_length ({limit}): no response is longer than that"
+        )
+        return problems
+    end_name = "max_resp_len" if end is not None else "data.max_response_length"
+    end = limit if end is None else int(end)
+    if not 1 <= buffer.len <= end:
         problems.append(
             f"reward_model.overlong_buffer.len={buffer.len} must be from 1 to "
-            f"data.max_response_length ({limit}): the penalty ramps up over the last len tokens "
+            f"{end_name} ({end}): the penalty ramps up over the last len tokens "
             f"(DAPO: 4096 of 20480)"
         )
     if buffer.penalty_factor < 0:
@@ -60,4 +70,4 @@ def _overlong_problems(cfg: Any) -> list[str]:
 
 def check_dapo_config(cfg: Any) -> list[str]:
     """Dynamic sampling's and the overlong buffer's keys, one line per problem."""
-    return _filter_groups_problems(cfg) + _overlong_problems(cfg)
+    return _filter_groups_problems(cfg) + check_overlong_config(cfg)

@@ -7,6 +7,7 @@ Light on purpose (no torch): every composed config imports it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -41,12 +42,20 @@ class DynamicSamplingDataSettings:
 
 @dataclass
 class OverlongBufferSettings:
-    """A response longer than data.max_response_length - len loses up to penalty_factor,
-    linearly over the last len tokens (len: 1 .. data.max_response_length when enabled)."""
+    """A response longer than max_resp_len - len loses up to penalty_factor, linearly over the
+    last len tokens (len: 1 .. max_resp_len when enabled). ``max_resp_len`` (verl's DAPO reward
+    manager's ``reward_kwargs.max_resp_len``) defaults to data.max_response_length, and may not
+    exceed it.
+
+    ``log`` is verl's switch for logging the penalty; polyrl logs it whenever the buffer is
+    enabled (``overlong/penalized_frac``, ``overlong/penalty_mean``), so it is accepted for verl's
+    scripts and changes nothing."""
 
     enable: bool = False
     len: int = 0
     penalty_factor: float = 1.0
+    log: bool = False
+    max_resp_len: int | None = None
 
 
 @dataclass
@@ -59,4 +68,14 @@ CONFIG_SECTIONS = {
     "data": DynamicSamplingDataSettings,
     "reward_model": OverlongRewardSettings,
 }
-KEY_ALIASES = {"reward_model.reward_kwargs.overlong_buffer_cfg": "reward_model.overlong_buffer"}
+KEY_ALIASES = {
+    "reward_model.reward_kwargs.overlong_buffer_cfg": "reward_model.overlong_buffer",
+    "reward_model.reward_kwargs.max_resp_len": "reward_model.overlong_buffer.max_resp_len",
+}
+
+
+def buffer_end(cfg: Any) -> int:
+    """The response length at which the penalty is full: ``max_resp_len``, else
+    data.max_response_length."""
+    end = cfg.reward_model.overlong_buffer.max_resp_len
+    return int(cfg.data.max_response_length if end is None else end)

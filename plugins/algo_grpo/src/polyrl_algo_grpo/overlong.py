@@ -1,9 +1,10 @@
 """DAPO's soft overlong punishment (Yu et al., 2025), configured by verl's keys
-``reward_model.overlong_buffer.{enable,len,penalty_factor}``.
+``reward_model.overlong_buffer.{enable,len,penalty_factor,max_resp_len}`` (verl's DAPO reward
+manager's ``reward_kwargs.{overlong_buffer_cfg,max_resp_len}``).
 
 A response cut at ``data.max_response_length`` is usually unfinished, and rewarding or punishing
 it for its (missing) answer is noise. DAPO instead lowers the reward of long responses smoothly:
-nothing up to ``max_response_length - len`` tokens, then linearly more, down to
+nothing up to ``max_resp_len - len`` tokens, then linearly more, down to
 ``-penalty_factor`` at the limit. As in verl's DAPO reward manager, the penalty is part of the
 score itself (``token_level_scores``, so ``critic/score`` includes it) and sits on the
 response's last token.
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from polyrl.api import Stage, StepContext, StepState
+from polyrl_algo_grpo.dapo_settings import buffer_end
 
 SHAPED_KEYS = ("token_level_scores", "token_level_rewards")
 
@@ -40,7 +42,7 @@ class OverlongPenaltyStage(Stage):
 
     def __init__(self, cfg: Any) -> None:
         buffer = cfg.reward_model.overlong_buffer
-        self.max_length = int(cfg.data.max_response_length)
+        self.max_length = buffer_end(cfg)
         self.buffer_length = int(buffer.len)
         self.penalty_factor = float(buffer.penalty_factor)
 

@@ -13,10 +13,13 @@ from polyrl_algo_grpo.gdpo_settings import CONFIG_SECTIONS as GDPO_SECTIONS
 _ADV = "polyrl_algo_grpo.advantages"
 _VARIANTS = "polyrl_algo_grpo.group_variants"
 _OTB = "polyrl_algo_grpo.optimal_token_baseline"
-# The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync) serves the
-# whole family; they differ in the estimator and, for Dr.GRPO, the loss aggregation.
-_STEP = "polyrl.api:policy_gradient_pipeline"
+# The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync), with DAPO's
+# overlong punishment when enabled, serves the whole family; they differ in the estimator and,
+# for Dr.GRPO, the loss aggregation.
+_STEP = "polyrl_algo_grpo.dapo:overlong_shaped_pipeline"
 _ROLES = ("actor", "rollout", "ref", "reward_model")
+_OVERLONG = ("reward_model.overlong_buffer",)
+_OVERLONG_CHECK = "polyrl_algo_grpo.checks:check_overlong_config"
 
 
 @hookimpl
@@ -27,6 +30,10 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         pipeline=_STEP,
         estimators=("grpo", "grpo_vectorized"),
         roles=_ROLES,
+        config_sections=DAPO_SECTIONS,
+        key_aliases=DAPO_ALIASES,
+        owned_keys=_OVERLONG,
+        config_check=_OVERLONG_CHECK,
     )
     yield AlgorithmSpec(
         name="drgrpo",
@@ -34,6 +41,10 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         pipeline=_STEP,
         estimators=("drgrpo", "dr_grpo"),
         roles=_ROLES,
+        config_sections=DAPO_SECTIONS,
+        key_aliases=DAPO_ALIASES,
+        owned_keys=_OVERLONG,
+        config_check=_OVERLONG_CHECK,
         config_defaults={"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"},
     )
     yield AlgorithmSpec(
@@ -42,6 +53,10 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         pipeline=_STEP,
         estimators=("rloo", "rloo_vectorized"),
         roles=_ROLES,
+        config_sections=DAPO_SECTIONS,
+        key_aliases=DAPO_ALIASES,
+        owned_keys=_OVERLONG,
+        config_check=_OVERLONG_CHECK,
     )
     yield AlgorithmSpec(
         name="gdpo",

@@ -143,17 +143,33 @@ def _check_keys_of_other_algorithms(checker: Checker, algorithm: Registration) -
     from polyrl.config.sections import schema_config
 
     defaults = schema_config(checker.registry)
+    owners: dict[str, list[Registration]] = {}  # a key several algorithms read: any of them
     for other in checker.registry.all(PluginKind.ALGORITHM):
-        if other.name == algorithm.name or other.spec.pipeline == algorithm.spec.pipeline:
-            continue
         for key in other.spec.owned_keys:
-            for leaf, value in _leaves(OmegaConf.select(checker.cfg, key), key).items():
-                if value != _default_of(defaults, checker.cfg, leaf):
-                    checker.add(
-                        f"{leaf}={value!r} is read only by the algorithm {other.name!r} "
-                        f"({_package(other)}), but {algorithm.name!r} is selected and would "
-                        f"ignore it: select it with algorithm.name={other.name} or drop the key"
-                    )
+            owners.setdefault(key, []).append(other)
+    for key, readers in owners.items():
+        if any(
+            r.name == algorithm.name or r.spec.pipeline == algorithm.spec.pipeline for r in readers
+        ):
+            continue
+        for leaf, value in _leaves(OmegaConf.select(checker.cfg, key), key).items():
+            if value != _default_of(defaults, checker.cfg, leaf):
+                checker.add(f"{leaf}={value!r} {_read_only_by(readers, algorithm.name)}")
+
+
+def _read_only_by(readers: list[Registration], selected: str) -> str:
+    if len(readers) == 1:
+        (only,) = readers
+        return (
+            f"is read only by the algorithm {only.name!r} ({_package(only)}), but {selected!r} "
+            f"is selected and would ignore it: select it with algorithm.name={only.name} or "
+            f"drop the key"
+        )
+    names = ", ".join(repr(r.name) for r in readers)
+    return (
+        f"is read only by the algorithms {names} ({_package(readers[0])}), but {selected!r} is "
+        f"selected and would ignore it: select one of them with algorithm.name or drop the key"
+    )
 
 
 def _leaves(node: Any, key: str) -> dict[str, Any]:
