@@ -54,11 +54,13 @@ def check_ranges(checker: Checker) -> None:
     c.choice(f"{actor}.optim.lr_scheduler_type", LR_SCHEDULER_TYPES)
     c.choice(f"{actor}.optim.warmup_style", LR_SCHEDULER_TYPES, optional=True)
     c.number(f"{actor}.clip_ratio", _unit_open, "between 0 and 1 (exclusive), e.g. 0.2")
+    # No upper bound: clip_ratio_low >= 1 leaves the ratio unclipped from below, as CISPO's
+    # verl example sets it (10), and verl accepts any positive value.
     for which in ("low", "high"):
         c.number(
             f"{actor}.clip_ratio_{which}",
-            _unit_open,
-            "between 0 and 1 (exclusive), or null",
+            _positive,
+            "> 0 (the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]), or null",
             optional=True,
         )
     c.number(f"{actor}.clip_ratio_c", lambda v: v > 1, "> 1 (the dual-clip bound, e.g. 3.0)")
