@@ -321,6 +321,7 @@ def bare_trainer(tmp_path, *, val_before: bool):
     trainer.pipeline = SimpleNamespace(state_dict=dict, finish=lambda: None)
     validations = iter([0.25, 0.75])
     trainer._resume = lambda: 0
+    trainer._restarts = []  # none while the workers started
     trainer.validate = lambda: ValidationResult(
         {"val-core/digits/reward/mean@1": next(validations)}
     )
