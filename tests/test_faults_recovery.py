@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -75,6 +76,27 @@ def _launch(tmp_path: Path, overrides: list[str]) -> tuple[subprocess.Popen, Pat
     return proc, out, steps_file, log
 
 
+def _kill_one_then_wait(
+    proc: subprocess.Popen, log: Path, pick: Callable[[], list[psutil.Process]], within_s: float
+) -> int:
+    """Kill -9 the first process ``pick`` finds (polling while the run lives), then wait for the
+    run; its exit status. The run's whole session is killed on the way out."""
+    try:
+        deadline = time.monotonic() + within_s
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            found = pick()
+            victim = found[0] if found else None
+            time.sleep(0.002)
+        assert victim is not None, f"no worker to kill:\n{log.read_text()[-3000:]}"
+        victim.kill()
+        return proc.wait(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _metric_records(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     if not path.exists():
@@ -92,21 +114,12 @@ def test_a_killed_worker_is_replaced_and_the_run_trains_every_prompt_once_per_ep
         "trainer.max_restarts=2",
     ]  # fmt: skip
     proc, out, steps_file, log = _launch(tmp_path, overrides)
-    try:
-        deadline = time.monotonic() + 240
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            finished = len(_metric_records(out))
-            busy = _busy_workers(proc.pid) if finished >= 3 else []
-            victim = busy[0] if busy else None
-            time.sleep(0.002)
-        assert victim is not None, f"no busy worker to kill:\n{log.read_text()[-3000:]}"
-        victim.kill()
-        code = proc.wait(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    code = _kill_one_then_wait(
+        proc,
+        log,
+        lambda: _busy_workers(proc.pid) if len(_metric_records(out)) >= 3 else [],
+        within_s=240,
+    )
     output = log.read_text()
     assert code == 0, output[-6000:]
 
@@ -149,20 +162,7 @@ def test_a_worker_killed_while_the_workers_start_is_replaced_before_the_first_st
         "trainer.max_restarts=1",
     ]  # fmt: skip
     proc, out, _, log = _launch(tmp_path, overrides)
-    try:
-        deadline = time.monotonic() + 120
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            starting = _busy_workers(proc.pid, "__init__")
-            victim = starting[0] if starting else None
-            time.sleep(0.002)
-        assert victim is not None, f"no starting worker to kill:\n{log.read_text()[-3000:]}"
-        victim.kill()
-        code = proc.wait(timeout=180)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    code = _kill_one_then_wait(proc, log, lambda: _busy_workers(proc.pid, "__init__"), within_s=120)
     output = log.read_text()
     assert code == 0, output[-6000:]
     assert "lost while the workers started; starting them again" in output, output[-4000:]

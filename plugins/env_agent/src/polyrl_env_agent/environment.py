@@ -170,9 +170,10 @@ class AgentEpisode(Episode):
         if self.task is not None:
             if not self.task.done():
                 self.task.cancel()
-            try:
-                outcome = await self.task
-            except BaseException:  # noqa: BLE001 - cancelled or failed: already counted
+            # The agent's own failure or cancellation is already counted (self.failure); a
+            # cancellation of this finish itself still propagates.
+            (outcome,) = await asyncio.gather(self.task, return_exceptions=True)
+            if isinstance(outcome, BaseException):
                 outcome = None
         if self.client is not None:
             await self.client.close()
