@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,26 @@ def test_core_and_the_tiny_plugins_install_from_their_wheels_alone(tmp_path: Pat
     # Third-party packages are borrowed from this venv; every polyrl one comes from dist/.
     smoke = packages("smoke", "--dist", str(dist), "--deps-from", sys.prefix, *TINY.values())
     assert smoke.returncode == 0, smoke.stderr
+
+
+def test_every_publishable_package_declares_what_the_build_check_requires():
+    """The same rules the built wheels are checked against, read from each pyproject.toml.
+
+    The full build runs only in ``.ci/run``, after the suite; this catches a new plugin's
+    missing URL or license in the suite itself.
+    """
+    sys.path.insert(0, str(SCRIPT.parent))
+    import packages as script
+
+    problems = []
+    for folder in script.publishable_packages():
+        project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        urls = project.get("urls", {})
+        problems += [
+            f"{folder.name}: no {label} URL" for label in script.REQUIRED_URLS if label not in urls
+        ]
+        if project.get("license") != script.LICENSE:
+            problems.append(f"{folder.name}: license is {project.get('license')!r}")
+        if not project.get("classifiers"):
+            problems.append(f"{folder.name}: no classifiers")
+    assert problems == []
