@@ -1,5 +1,6 @@
 """The multi-turn rollout without Ray: trajectories hold exactly what the engine sampled, tool
-tokens are masked, and a hanging, raising or flooding tool ends only its own episode.
+tokens are masked (for an environment plugin and for agent code through the endpoint alike), and
+a hanging, raising or flooding tool ends only its own episode.
 
 The engine is the real hf rollout on the tiny model for the token checks; the fault checks
 script the model's turns (token ids of a hermes tool call), since what they test is the
@@ -9,10 +10,12 @@ environment's and the rollout's handling, not sampling.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from polyrl_env_agent.environment import AgentEnvironment
 from polyrl_env_tools.environment import ToolEnvironment
 from polyrl_env_tools.tiny import ToolTinyEnvironment
 from polyrl_env_tools.tools import function_tool
@@ -28,6 +31,7 @@ from polyrl.step.multi_turn import trajectory_batch
 from polyrl_rollout_hf.engine import HFRolloutEngine
 
 torch.set_num_threads(1)
+AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agents.py"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,24 @@ def rows_and_prompts(tokenizer, count):
     return rows, [prompt] * count
 
 
-def test_trajectories_hold_the_sampled_tokens_and_mask_the_tools(model_path, tokenizer):
+def tool_tiny(multi_turn):
+    return ToolTinyEnvironment(env_context(multi_turn))
+
+
+def lookup_agent(multi_turn):
+    """The same task driven by an agent function through polyrl-env-agent's endpoint."""
+    agent = {
+        "agent_function": f"{AGENTS}:lookup_agent",
+        "agent_timeout_s": 30.0,
+        "agent_max_concurrency": None,
+    }
+    return AgentEnvironment(env_context(OmegaConf.merge(multi_turn, agent)))
+
+
+@pytest.mark.parametrize("environment", [tool_tiny, lookup_agent])
+def test_trajectories_hold_the_sampled_tokens_and_mask_the_tools(
+    model_path, tokenizer, environment
+):
     engine = HFRolloutEngine(
         RolloutContext(
             model_path=model_path,
@@ -93,15 +114,19 @@ def test_trajectories_hold_the_sampled_tokens_and_mask_the_tools(model_path, tok
         return out
 
     multi_turn = settings(max_assistant_turns=2, max_tokens_per_turn=8)
+    env = environment(multi_turn)
     rollout = MultiTurnRollout(
-        ToolTinyEnvironment(env_context(multi_turn)),
+        env,
         ChatTokens(tokenizer, [EOS_TOKEN_ID]),
         multi_turn,
         max_response_length=48,
         max_prompt_length=32,
     )
     rows, prompts = rows_and_prompts(tokenizer, 3)
-    trajectories, metrics = rollout.run(rows, prompts, generate, SamplingParams(seed=3))
+    try:
+        trajectories, metrics = rollout.run(rows, prompts, generate, SamplingParams(seed=3))
+    finally:
+        env.close()
     assert len(sampled) == 2  # both turns of all three episodes sampled together
     batch = trajectory_batch(trajectories, 48, PAD_TOKEN_ID)
     for i, traj in enumerate(trajectories):

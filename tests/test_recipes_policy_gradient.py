@@ -19,7 +19,7 @@ from polyrl.config.loader import load_config
 
 pytestmark = pytest.mark.slow
 
-RECIPES = ("grpo", "drgrpo", "rloo", "gspo", "dapo", "remax", "reinforce_plus_plus")
+RECIPES = ("grpo", "drgrpo", "rloo", "gspo", "dapo", "remax", "reinforce_plus_plus", "tool_tiny")
 VAL_REWARD = "val-core/polyrl/tiny_digits/reward/mean@1"
 MIN_GAIN = 0.2  # greedy reward before training is 0.0; the recipes reach about 0.55 (README)
 # Metrics that show the algorithm's own stages ran, on every step.
@@ -27,11 +27,13 @@ OWN_METRICS = {
     "rloo": ("actor/reward_kl_penalty",),
     "remax": ("remax/baseline_score/mean", "timing_s/gen_max", "actor/reward_kl_penalty"),
     "dapo": ("train/num_gen_batches", "overlong/penalized_frac", "timing_s/dynamic_sampling"),
+    "tool_tiny": ("multi_turn/assistant_turns/mean", "multi_turn/observation_tokens/mean"),
 }
+AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agents.py"
 
 
-def train(recipe: str, out_dir: Path) -> list[dict]:
-    """``python -m polyrl train recipe=<recipe>``; its metrics.jsonl records."""
+def train(recipe: str, out_dir: Path, *overrides: str) -> list[dict]:
+    """``python -m polyrl train recipe=<recipe> [overrides]``; its metrics.jsonl records."""
     cmd = [
         sys.executable,
         "-m",
@@ -40,6 +42,7 @@ def train(recipe: str, out_dir: Path) -> list[dict]:
         f"recipe={recipe}",
         f"trainer.default_local_dir={out_dir}",
         "trainer.logger=[jsonl]",
+        *overrides,
     ]
     proc = subprocess.run(
         cmd,
@@ -65,6 +68,22 @@ def test_recipe_learns(recipe: str, tmp_path: Path) -> None:
         assert all(name in r for r in records), f"{recipe}: a step lacks {name}"
     if recipe == "dapo":
         check_dynamic_sampling(cfg, records)
+
+
+def test_agent_code_through_the_endpoint_learns_the_tool_task(tmp_path: Path) -> None:
+    """recipe=tool_tiny with its episodes driven by an agent function and the openai client."""
+    val_before, records = split_records(
+        train(
+            "tool_tiny",
+            tmp_path,
+            "actor_rollout_ref.rollout.multi_turn.environment=agent",
+            f"actor_rollout_ref.rollout.multi_turn.agent_function={AGENTS}:lookup_agent",
+        )
+    )
+    before, after = val_before[VAL_REWARD], records[-1][VAL_REWARD]
+    assert after > before + MIN_GAIN, f"agent: validation reward {before} -> {after}"
+    assert all(r["multi_turn/assistant_turns/mean"] == 2.0 for r in records)
+    assert all(r["multi_turn/end/done"] == 1.0 for r in records)
 
 
 def check_dynamic_sampling(cfg, records: list[dict]) -> None:

@@ -42,3 +42,38 @@ async def rewrites(client, row):
 
 def not_async(client, row):
     return json.dumps(row)
+
+
+async def _work(working):
+    """Some work of the agent's own (a tool, a call to another service), counted while it runs."""
+    working["now"] += 1
+    working["most"] = max(working["most"], working["now"])
+    await asyncio.sleep(0.05)
+    working["now"] -= 1
+
+
+WORKING = {"now": 0, "most": 0}
+
+
+async def busy_agent(client, row):
+    messages = [{"role": "user", "content": "q"}]
+    for _ in range(2):
+        await _work(WORKING)
+        reply = await client.chat.completions.create(model="m", messages=messages)
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "again"})
+    await _work(WORKING)
+    return 1.0
+
+
+async def lookup_agent(client, row):
+    """recipe=tool_tiny's task through the endpoint: the first turn is answered with the secret
+    digit as the lookup tool's message; the second is scored by the run's reward provider. No
+    tool schemas are sent: rendered into the prompt they would not fit the tiny recipe's 32."""
+    messages = [{"role": "user", "content": "What is the secret digit?"}]
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    secret = f"secret {row['ground_truth']}"
+    messages.append({"role": "tool", "tool_call_id": "lookup", "content": secret})
+    await client.chat.completions.create(model="policy", messages=messages)
+    return None

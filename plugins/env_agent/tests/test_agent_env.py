@@ -15,8 +15,12 @@ from polyrl.api import AssistantTurn, ConfigError, EnvironmentContext, ToolCall
 AGENTS = Path(__file__).with_name("agents.py")
 
 
-def _env(name: str, timeout_s: float = 5.0) -> AgentEnvironment:
-    multi_turn = {"agent_function": f"{AGENTS}:{name}", "agent_timeout_s": timeout_s}
+def _env(name: str, timeout_s: float = 5.0, limit: int | None = None) -> AgentEnvironment:
+    multi_turn = {
+        "agent_function": f"{AGENTS}:{name}",
+        "agent_timeout_s": timeout_s,
+        "agent_max_concurrency": limit,
+    }
     config = SimpleNamespace(
         actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(multi_turn=_Node(multi_turn)))
     )
@@ -105,3 +109,40 @@ def test_bad_function_paths_are_one_line_errors(tmp_path):
         load_agent_function(f"{tmp_path}/missing.py:f")
     with pytest.raises(ConfigError, match="async def"):
         load_agent_function(f"{AGENTS}:not_async")
+
+
+@pytest.mark.parametrize(("limit", "most"), [(2, 2), (None, 4)])
+def test_max_concurrency_bounds_the_agents_own_work_not_the_turns(limit, most):
+    env = _env("busy_agent", limit=limit)
+    working = env.function.__globals__["WORKING"]
+
+    async def drive():
+        episodes = [env.episode({}) for _ in range(4)]
+        await asyncio.gather(*(e.start() for e in episodes))
+        for index in range(2):  # every episode asks for each turn: none is starved by the limit
+            turns = await asyncio.gather(
+                *(e.step(AssistantTurn(index, "x", (1,))) for e in episodes)
+            )
+        assert all(obs.done for obs in turns)
+        return await asyncio.gather(*(e.finish("done") for e in episodes))
+
+    try:
+        results = asyncio.run(asyncio.wait_for(drive(), 20))
+    finally:
+        env.close()
+    assert [r.reward for r in results] == [1.0] * 4
+    assert working["most"] == most and working["now"] == 0
+
+
+def test_the_agent_keys_are_checked_before_the_run():
+    from polyrl_env_agent.settings import check_config
+
+    bad = {"agent_function": None, "agent_timeout_s": 0, "agent_max_concurrency": 0}
+    config = SimpleNamespace(
+        actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(multi_turn=_Node(bad)))
+    )
+    problems = check_config(config)
+    assert len(problems) == 3
+    assert "needs multi_turn.agent_function" in problems[0]
+    assert "agent_timeout_s=0 must be > 0" in problems[1]
+    assert "agent_max_concurrency=0 must be >= 1" in problems[2]

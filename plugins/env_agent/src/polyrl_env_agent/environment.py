@@ -49,6 +49,8 @@ from polyrl.api import (
     Observation,
 )
 from polyrl_env_agent.server import LoopbackServer
+from polyrl_env_agent.settings import check_config
+from polyrl_env_agent.slots import Slots
 
 END_AGENT_ERROR = "agent_error"
 END_AGENT_TIMEOUT = "agent_timeout"
@@ -112,6 +114,7 @@ class AgentEpisode(Episode):
         self.task: asyncio.Task[Any] | None = None
         self.client: Any = None
         self.failure: str | None = None
+        self.slot = env.slots.holder()
 
     async def start(self) -> EpisodeStart:
         import openai
@@ -126,15 +129,21 @@ class AgentEpisode(Episode):
             timeout=self.env.timeout_s,
             http_client=openai.DefaultAsyncHttpxClient(trust_env=False),  # no proxy for loopback
         )
-        self.task = asyncio.create_task(
-            asyncio.wait_for(self.env.function(self.client, self.row), self.env.timeout_s)
-        )
+        self.task = asyncio.create_task(asyncio.wait_for(self._agent(), self.env.timeout_s))
         body = await self._next_request()
         if body is None:
             raise RuntimeError(f"the agent function ended before its first request: {self.failure}")
         messages = [_plain(m) for m in body["messages"]]
         self.history = [_normal(m) for m in messages]
         return EpisodeStart(messages=messages, tools=list(body.get("tools") or []))
+
+    async def _agent(self) -> Any:
+        """The user's function, holding a slot whenever it is not waiting for a completion."""
+        await self.slot.take()
+        try:
+            return await self.env.function(self.client, self.row)
+        finally:
+            self.slot.give()
 
     async def step(self, turn: AssistantTurn) -> Observation:
         assert self.reply is not None
@@ -164,6 +173,7 @@ class AgentEpisode(Episode):
 
     async def finish(self, reason: str) -> EpisodeResult:
         self.env.server.unregister(self.token)
+        self.slot.close()
         if self.reply is not None and not self.reply.done():
             self.reply.set_result((409, _error(f"the episode ended ({reason})")))
         outcome: Any = None
@@ -200,7 +210,10 @@ class AgentEpisode(Episode):
         assert self.requests is not None
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         await self.requests.put((body, reply))
-        return await reply
+        self.slot.give()  # the agent waits for its turn to be sampled
+        answer = await reply
+        await self.slot.take()
+        return answer
 
     async def _next_request(self) -> dict[str, Any] | None:
         """The agent's next request, or None when its function ended (``failure`` says how)."""
@@ -254,14 +267,13 @@ class AgentEnvironment(Environment):
 
     def __init__(self, ctx: EnvironmentContext) -> None:
         super().__init__(ctx)
+        problems = check_config(ctx.config)
+        if problems:
+            raise ConfigError(problems[0])
         settings = ctx.config.actor_rollout_ref.rollout.multi_turn
-        if not settings.get("agent_function"):
-            raise ConfigError(
-                "multi_turn.environment=agent needs multi_turn.agent_function="
-                "module:function or path/to/file.py:function (async def rollout(client, row))"
-            )
         self.function = load_agent_function(str(settings.agent_function))
-        self.timeout_s = float(settings.get("agent_timeout_s", 300.0))
+        self.timeout_s = float(settings.agent_timeout_s)
+        self.slots = Slots(settings.agent_max_concurrency)
         self.server = LoopbackServer()
 
     def episode(self, row: Mapping[str, Any]) -> Episode:

@@ -14,6 +14,7 @@ def polyrl_environments() -> Iterator[EnvironmentSpec]:
         description="The user's agent function (multi_turn.agent_function) drives each episode "
         "with the openai client through /v1/chat/completions served on loopback",
         environment="polyrl_env_agent.environment:AgentEnvironment",
+        config_check="polyrl_env_agent.settings:check_config",
         config_sections={
             "actor_rollout_ref.rollout.multi_turn": "polyrl_env_agent.settings:AgentSettings"
         },
