@@ -9,16 +9,11 @@ example a user copies is the one tested.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from plugin_packages import ROOT, doc_blocks, install_to_target, polyrl
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tests" / "fixtures" / "polyrl_algo_overlong"
 FILES = (
     "pyproject.toml",
@@ -27,16 +22,8 @@ FILES = (
 )
 
 
-def readme_blocks() -> dict[str, str]:
-    """Code blocks of the README that follow a line naming their file (``# path`` or
-    ``<!-- path -->``), by path."""
-    text = (ROOT / "docs" / "writing-plugins" / "algorithm.md").read_text()
-    pattern = re.compile(r"`polyrl-algo-overlong/([^`]+)`:\n\n```[a-z]*\n(.*?)```", re.S)
-    return {path: body for path, body in pattern.findall(text)}
-
-
 def test_readme_shows_the_tested_package_file_for_file() -> None:
-    blocks = readme_blocks()
+    blocks = doc_blocks(ROOT / "docs" / "writing-plugins" / "algorithm.md", "polyrl-algo-overlong")
     for path in FILES:
         assert path in blocks, f"README lacks the file {path} of the algorithm plugin example"
         assert blocks[path] == (PACKAGE / path).read_text(), f"README's {path} differs"
@@ -44,26 +31,7 @@ def test_readme_shows_the_tested_package_file_for_file() -> None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("algo_plugin")
-    source = root / "src"
-    shutil.copytree(PACKAGE, source)  # pip builds in-tree: build from a copy
-    target = root / "site"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return target
-
-
-def polyrl(site: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYRL_")}
-    env.update(PYTHONPATH=str(site), PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [sys.executable, "-m", "polyrl", *args],
-        capture_output=True, text=True, env=env, timeout=timeout, check=False,
-    )  # fmt: skip
+    return install_to_target(PACKAGE, tmp_path_factory.mktemp("algo_plugin"))
 
 
 def test_validate_shows_the_inserted_stage(site: Path) -> None:
