@@ -173,12 +173,21 @@ def _read_only_by(readers: list[Registration], selected: str) -> str:
 
 
 def _leaves(node: Any, key: str) -> dict[str, Any]:
-    from omegaconf import DictConfig, OmegaConf
+    """The resolved values under ``key``, by dotted path down to the leaves (a group nested in
+    the owned group, like a teacher's settings, is compared key by key, not as a whole)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
+    if isinstance(node, ListConfig):
+        return {key: OmegaConf.to_container(node, resolve=True)}
     if not isinstance(node, DictConfig):
         return {key: node}
-    container = OmegaConf.to_container(node, resolve=True)
-    return {f"{key}.{name}": value for name, value in container.items()}
+    leaves: dict[str, Any] = {}
+    for name in node:
+        leaves.update(_leaves(OmegaConf.select(node, str(name)), f"{key}.{name}"))
+    return leaves
+
+
+_NO_DEFAULT = object()
 
 
 def _default_of(defaults: Any, cfg: Any, key: str) -> Any:
@@ -187,7 +196,10 @@ def _default_of(defaults: Any, cfg: Any, key: str) -> Any:
     from omegaconf import OmegaConf
 
     parent, _, leaf = key.rpartition(".")
-    raw = OmegaConf.to_container(OmegaConf.select(defaults, parent), resolve=False)[leaf]
+    group = OmegaConf.select(defaults, parent)
+    if group is None or leaf not in group:  # a key added to a free-form dict: not a default
+        return _NO_DEFAULT
+    raw = OmegaConf.to_container(group, resolve=False)[leaf]
     if isinstance(raw, str) and raw.startswith("${") and raw.endswith("}"):
         return OmegaConf.select(cfg, raw[2:-1])
     return raw
