@@ -12,33 +12,17 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from types import SimpleNamespace
 
 import pytest
-from polyrl_env_textarena.environment import TextArenaEnvironment
 from polyrl_env_textarena.settings import check_config
 
-from polyrl.api import AssistantTurn, EnvironmentContext, EpisodeResult, Observation
+from polyrl.api import AssistantTurn, EpisodeResult, Observation
 
 GAME = "GuessTheNumber-v0"
 
 
 def target(seed: int) -> int:
     return random.Random(seed).randint(1, 20)
-
-
-def _config(env_id: str = GAME) -> SimpleNamespace:
-    multi_turn = SimpleNamespace(textarena_env_id=env_id)
-    return SimpleNamespace(
-        actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(multi_turn=multi_turn))
-    )
-
-
-@pytest.fixture
-def env():
-    environment = TextArenaEnvironment(EnvironmentContext(config=_config(), seed=5))
-    yield environment
-    environment.close()
 
 
 def play(env, row, texts):
@@ -160,10 +144,10 @@ def test_a_game_textarena_cannot_make_fails_its_start_and_scores_zero(env):
     assert asyncio.run(drive()).reward == 0.0
 
 
-def test_the_default_game_is_checked_before_the_run():
-    assert check_config(_config()) == []
-    (problem,) = check_config(_config("GuessTheNumbr-v0"))
+def test_the_default_game_is_checked_before_the_run(config_of):
+    assert check_config(config_of()) == []
+    (problem,) = check_config(config_of("GuessTheNumbr-v0"))
     assert problem.startswith("multi_turn.textarena_env_id=GuessTheNumbr-v0: not a TextArena game")
     assert "did you mean GuessTheNumber-v0" in problem
-    (problem,) = check_config(_config("TicTacToe-v0"))  # a two-player game
+    (problem,) = check_config(config_of("TicTacToe-v0"))  # a two-player game
     assert "cannot start it for one player" in problem

@@ -1,10 +1,11 @@
-"""Entry point of polyrl-env-textarena: the ``textarena`` environment."""
+"""Entry point of polyrl-env-textarena: the ``textarena`` environment and the declaration of
+its rows' data source."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl.api import EnvironmentSpec, hookimpl
+from polyrl.api import DataSourceScorerSpec, EnvironmentSpec, hookimpl
 
 SETTINGS = "polyrl_env_textarena.settings:TextArenaSettings"
 
@@ -22,4 +23,15 @@ def polyrl_environments() -> Iterator[EnvironmentSpec]:
         config_check="polyrl_env_textarena.settings:check_config",
         runtime_modules=("textarena",),
         config_sections={"actor_rollout_ref.rollout.multi_turn": SETTINGS},
+    )
+
+
+@hookimpl
+def polyrl_data_source_scorers() -> Iterator[DataSourceScorerSpec]:
+    yield DataSourceScorerSpec(
+        name="textarena_games",
+        description="Declares data_source textarena (rows scored by their game in the "
+        "textarena environment); scoring one outside it is an error naming the fix",
+        fn="polyrl_env_textarena.scorer:refuse",
+        data_sources=("textarena",),
     )
