@@ -24,7 +24,7 @@ MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 
 @pytest.mark.slow
 def test_two_steps_of_guess_the_number_episodes(tmp_path: Path) -> None:
-    files = write_games(tmp_path / "games", train_size=16, val_size=8, seed=0)
+    files = write_games(tmp_path / "games", train_size=8, val_size=4, seed=0)
     cmd = [
         sys.executable,
         "-m",
@@ -35,6 +35,11 @@ def test_two_steps_of_guess_the_number_episodes(tmp_path: Path) -> None:
         f"data.val_files={files['val']}",
         "data.max_prompt_length=320",  # the game's rules are 310 tokens of the tiny tokenizer
         "data.max_response_length=256",
+        # 4 prompts x 2 samples: the steps take ~4 s, the rest of the run is starting Ray
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         f"{MULTI_TURN}.enable=true",
         f"{MULTI_TURN}.environment=textarena",
         f"{MULTI_TURN}.max_assistant_turns=3",
