@@ -1,0 +1,2 @@
+"""Environments built with PrimeIntellect's ``verifiers`` as a polyrl multi-turn environment
+(see :mod:`polyrl.envs`)."""
