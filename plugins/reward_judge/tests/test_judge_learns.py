@@ -1,0 +1,144 @@
+"""End to end: a policy learns what the judge prefers. The judge's preference is made known
+first: ``builtin:tiny`` fine-tuned in plain torch to reply "Score: 1" to a judge prompt whose
+response contains the digit 7 and "Score: 0" otherwise. Then ``polyrl train recipe=tiny
+reward_model.reward_manager=judge`` runs on 2 CPU workers over Ray with that judge served by
+the hf rollout engine in the driver: the judged score of the policy's samples must rise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyrl.api import resolve_model_path
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = "Does this contain a seven? {response}"
+STEPS = 10
+SCORE = "critic/score/mean"
+
+
+def judge_prompt(tokenizer, response: str) -> list[int]:
+    """The judge prompt's tokens exactly as the rollout backend builds them."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": TEMPLATE.format(response=response)}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def random_response(tokenizer, rng: random.Random, seven_id: int) -> str:
+    """Random tokens of the vocabulary, as an untrained policy writes; half get a 7."""
+    specials = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(len(tokenizer)) if i not in specials and i != seven_id]
+    ids = [rng.choice(vocab) for _ in range(rng.randint(1, 16))]
+    if rng.random() < 0.5:
+        ids[rng.randrange(len(ids))] = seven_id
+    return tokenizer.decode(ids)
+
+
+def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: float = 5e-3) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shutil.copytree(resolve_model_path("builtin:tiny"), out_dir)
+    (out_dir / "polyrl_tiny.json").unlink(missing_ok=True)  # no longer the built-in's weights
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    seven_id = tokenizer.convert_tokens_to_ids("7")
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rng = random.Random(0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        model.train()
+        for _ in range(steps):
+            batch = []
+            for _ in range(batch_size):
+                response = random_response(tokenizer, rng, seven_id)
+                verdict = f"Score: {int('7' in response)}"
+                batch.append((judge_prompt(tokenizer, response), tokenizer.encode(verdict)))
+            width = max(len(p) + len(v) + 1 for p, v in batch)
+            ids = torch.full((batch_size, width), pad)
+            labels = torch.full((batch_size, width), -100)
+            mask = torch.zeros((batch_size, width), dtype=torch.long)
+            for i, (prompt, verdict) in enumerate(batch):
+                sequence = [*prompt, *verdict, eos]
+                ids[i, : len(sequence)] = torch.tensor(sequence)
+                mask[i, : len(sequence)] = 1
+                labels[i, len(prompt) : len(sequence)] = ids[i, len(prompt) : len(sequence)]
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def judge_accuracy(judge: Path, n: int = 64) -> float:
+    """Share of held-out random responses the judge grades right, through the provider."""
+    from judge_testing import judge_context, samples
+    from polyrl_reward_judge.provider import JudgeReward
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(judge)
+    rng = random.Random(1)
+    seven = tokenizer.convert_tokens_to_ids("7")
+    responses = [random_response(tokenizer, rng, seven) for _ in range(n)]
+    reward = JudgeReward(
+        judge_context(
+            model_path=str(judge),
+            template=TEMPLATE,
+            score_max=1.0,
+            max_new_tokens=6,
+            max_unparsed_frac=1.0,
+        )
+    )
+    try:
+        results = reward.score(samples(responses))
+    finally:
+        reward.close()
+    return sum(r.score == float("7" in t) for r, t in zip(results, responses)) / n
+
+
+def test_the_policy_learns_what_the_judge_prefers(tmp_path: Path) -> None:
+    judge = make_judge(tmp_path / "judge")
+    accuracy = judge_accuracy(judge)
+    assert accuracy > 0.9, f"the judge itself grades only {accuracy:.0%} right"
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+            "reward_model.reward_manager=judge",
+            f"reward_model.judge.model_path={judge}",
+            f"reward_model.judge.template='{TEMPLATE}'",
+            "reward_model.judge.score_max=1.0",
+            "reward_model.judge.max_new_tokens=6",
+            f"trainer.total_training_steps={STEPS}",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={out}",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scores = [r[SCORE] for r in records if SCORE in r]
+    unparsed = [r["reward_extra/judge_unparsed/mean"] for r in records if SCORE in r]
+    print(f"\njudge accuracy {accuracy:.0%}; judged score per step {scores}", file=sys.stderr)
+    assert len(scores) == STEPS and max(unparsed) <= 0.1, unparsed
+    first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
+    assert last > first + 0.2, scores
