@@ -15,10 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from polyrl_env_agent.environment import AgentEnvironment
-from polyrl_env_tools.environment import ToolEnvironment
-from polyrl_env_tools.tiny import ToolTinyEnvironment
-from polyrl_env_tools.tools import function_tool
 from transformers import AutoTokenizer
 
 from polyrl.batch import Batch
@@ -28,6 +24,10 @@ from polyrl.envs.rollout import MultiTurnRollout
 from polyrl.interfaces import RolloutContext, SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
 from polyrl.step.multi_turn import trajectory_batch
+from polyrl_env_agent.environment import AgentEnvironment
+from polyrl_env_tools.environment import ToolEnvironment
+from polyrl_env_tools.tiny import ToolTinyEnvironment
+from polyrl_env_tools.tools import function_tool
 from polyrl_rollout_hf.engine import HFRolloutEngine
 
 torch.set_num_threads(1)

@@ -479,8 +479,12 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
             "polyrl-loss-zoo",
         ),
     },
-    PluginKind.REWARD_PROVIDER: {},
-    PluginKind.LOGGER: {"wandb": "polyrl-logger-wandb"},
+    PluginKind.REWARD_PROVIDER: {"judge": "polyrl-reward-judge"},
+    PluginKind.LOGGER: {
+        "wandb": "polyrl-logger-wandb",
+        "mlflow": "polyrl-logger-mlflow",
+        "swanlab": "polyrl-logger-swanlab",
+    },
     PluginKind.ALGORITHM: {
         "grpo": "polyrl-algo-grpo",
         "drgrpo": "polyrl-algo-grpo",
@@ -492,10 +496,20 @@ FIRST_PARTY_PACKAGES: dict[PluginKind, dict[str, str]] = {
         "reinforce_plus_plus": "polyrl-algo-reinforce",
         "reinforce_plus_plus_baseline": "polyrl-algo-reinforce",
         "dpo": "polyrl-algo-dpo",
+        "distill": "polyrl-algo-distill",
     },
     PluginKind.DATA_SOURCE_SCORER: {"code": "polyrl-reward-code"},
-    PluginKind.SCHEDULE: {"one_step_off": "polyrl-schedule-offpolicy"},
-    PluginKind.ENVIRONMENT: {"tools": "polyrl-env-tools", "tool_tiny": "polyrl-env-tools"},
+    PluginKind.SCHEDULE: {
+        "one_step_off": "polyrl-schedule-offpolicy",
+        "k_step_off": "polyrl-schedule-offpolicy",
+    },
+    PluginKind.ENVIRONMENT: {
+        "tools": "polyrl-env-tools",
+        "tool_tiny": "polyrl-env-tools",
+        "agent": "polyrl-env-agent",
+        "textarena": "polyrl-env-textarena",
+        "verifiers": "polyrl-env-verifiers",
+    },
 }
 
 # Config groups first-party plugins declare (their ``config_sections``), with the package: an
@@ -508,4 +522,6 @@ FIRST_PARTY_SECTIONS: dict[str, str] = {
     "critic": "polyrl-algo-ppo",
     "algorithm.filter_groups": "polyrl-algo-grpo",
     "reward_model.overlong_buffer": "polyrl-algo-grpo",
+    "distill": "polyrl-algo-distill",
+    "reward_model.judge": "polyrl-reward-judge",
 }

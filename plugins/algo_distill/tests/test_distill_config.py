@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from polyrl_algo_distill.stages import DistillAdvantageStage, TeacherLogProbStage
 
 from polyrl.api import Batch, assemble
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
 from polyrl.testing import AlgorithmConformance
 from polyrl.testing.stages import ScriptedRoles, run_stage
+from polyrl_algo_distill.stages import DistillAdvantageStage, TeacherLogProbStage
 
 BASE = ("recipe=tiny", "algorithm.name=distill")
 TEACHER = "distill.teacher.model_path=builtin:tiny@1"

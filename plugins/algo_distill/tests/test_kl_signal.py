@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from polyrl_algo_distill.kl_signal import (
     distill_advantages,
     mix_teacher_log_probs,

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from polyrl_algo_distill.teacher import TeacherRole
 
 from polyrl.api import Batch, ConfigError, assemble
 from polyrl.config.loader import load_config
 from polyrl.models.resolve import resolve_model_path
 from polyrl.testing.rollout_contract import hf_causal_lm, teacher_forced_log_probs
 from polyrl.workers.roles.base import RoleContext
+from polyrl_algo_distill.teacher import TeacherRole
 
 PROMPT, RESPONSE, ROWS = 5, 4, 3
 

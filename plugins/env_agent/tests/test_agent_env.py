@@ -8,9 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from polyrl_env_agent.environment import AgentEnvironment, load_agent_function
 
 from polyrl.api import AssistantTurn, ConfigError, EnvironmentContext, ToolCall
+from polyrl_env_agent.environment import AgentEnvironment, load_agent_function
 
 AGENTS = Path(__file__).with_name("agents.py")
 

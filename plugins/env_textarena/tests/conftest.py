@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from polyrl_env_textarena.environment import TextArenaEnvironment
 
 from polyrl.api import EnvironmentContext
+from polyrl_env_textarena.environment import TextArenaEnvironment
 
 
 def run_config(env_id: str = "GuessTheNumber-v0") -> SimpleNamespace:

@@ -7,10 +7,10 @@ import random
 import re
 
 import pytest
-from polyrl_env_textarena.data import main, write_games
-from polyrl_env_textarena.scorer import refuse
 
 from polyrl.api import AssistantTurn, RewardError, read_parquet
+from polyrl_env_textarena.data import main, write_games
+from polyrl_env_textarena.scorer import refuse
 
 
 def test_files_name_the_game_and_distinct_seeds(tmp_path):

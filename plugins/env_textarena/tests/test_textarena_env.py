@@ -14,9 +14,9 @@ import random
 import re
 
 import pytest
-from polyrl_env_textarena.settings import check_config
 
 from polyrl.api import AssistantTurn, EpisodeResult, Observation
+from polyrl_env_textarena.settings import check_config
 
 GAME = "GuessTheNumber-v0"
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from polyrl_env_textarena.data import write_games
 
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"

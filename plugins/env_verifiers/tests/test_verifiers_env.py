@@ -8,8 +8,6 @@ import asyncio
 
 import pytest
 import vf_envs
-from polyrl_env_verifiers.environment import VerifiersEnvironment
-from polyrl_env_verifiers.settings import check_config
 
 from polyrl.api import (
     END_DONE,
@@ -18,6 +16,8 @@ from polyrl.api import (
     EnvironmentContext,
     ToolCall,
 )
+from polyrl_env_verifiers.environment import VerifiersEnvironment
+from polyrl_env_verifiers.settings import check_config
 
 
 def play(env: VerifiersEnvironment, row: dict, turns: list, reason: str = END_DONE):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
-from polyrl_reward_judge.checks import check_config
 
 from polyrl.api.testing import schema_config
+from polyrl_reward_judge.checks import check_config
 
 
 def problems(**judge) -> list[str]:

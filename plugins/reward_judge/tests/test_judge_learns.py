@@ -87,8 +87,9 @@ def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: flo
 def judge_accuracy(judge: Path, n: int = 64) -> float:
     """Share of held-out random responses the judge grades right, through the provider."""
     from judge_testing import judge_context, samples
-    from polyrl_reward_judge.provider import JudgeReward
     from transformers import AutoTokenizer
+
+    from polyrl_reward_judge.provider import JudgeReward
 
     tokenizer = AutoTokenizer.from_pretrained(judge)
     rng = random.Random(1)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 from judge_testing import judge_context, samples
-from polyrl_reward_judge.provider import JudgeReward
 
 from polyrl.api import ConfigError, RewardError
+from polyrl_reward_judge.provider import JudgeReward
 
 
 def judge(server, monkeypatch, **values) -> JudgeReward:

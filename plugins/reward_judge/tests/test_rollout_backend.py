@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from judge_testing import judge_context, samples
-from polyrl_reward_judge.provider import JudgeReward
 
 from polyrl.api import RewardError
 from polyrl.api.testing import build_tiny_model
+from polyrl_reward_judge.provider import JudgeReward
 
 torch.set_num_threads(1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from polyrl_reward_judge.settings import JudgeSettings
 from polyrl_reward_judge.verdict import Unparsed, parse_verdict
 
