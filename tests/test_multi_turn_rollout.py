@@ -31,7 +31,7 @@ from polyrl_env_tools.tools import function_tool
 from polyrl_rollout_hf.engine import HFRolloutEngine
 
 torch.set_num_threads(1)
-AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agents.py"
+AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agent_functions.py"
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ OWN_METRICS = {
     "dapo": ("train/num_gen_batches", "overlong/penalized_frac", "timing_s/dynamic_sampling"),
     "tool_tiny": ("multi_turn/assistant_turns/mean", "multi_turn/observation_tokens/mean"),
 }
-AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agents.py"
+AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agent_functions.py"
 
 
 def train(recipe: str, out_dir: Path, *overrides: str) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from polyrl.api import AssistantTurn, ConfigError, EnvironmentContext, ToolCall
 from polyrl_env_agent.environment import AgentEnvironment, load_agent_function
 
-AGENTS = Path(__file__).with_name("agents.py")
+AGENTS = Path(__file__).with_name("agent_functions.py")
 
 
 def _env(name: str, timeout_s: float = 5.0, limit: int | None = None) -> AgentEnvironment:

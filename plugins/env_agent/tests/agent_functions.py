@@ -1,4 +1,5 @@
-"""Agent functions of the tests, loaded by path as a user's would be."""
+"""Agent functions of the tests, loaded by path as a user's would be (not named agents.py: that
+name, on the test path, would shadow the openai-agents package that verifiers imports)."""
 
 import asyncio
 import json
