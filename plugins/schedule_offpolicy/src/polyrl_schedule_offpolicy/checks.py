@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.api import TIS_CAP_KEY, ConfigError, PolyrlError, build_pipeline, pool_of, tis_enabled
-from polyrl_schedule_offpolicy.settings import STRATEGIES, STRATEGY_KEY, THRESHOLD_KEY
+from polyrl_schedule_offpolicy.settings import (
+    CHUNK_KEY,
+    PARTIAL_KEY,
+    PARTIAL_MODES,
+    STRATEGIES,
+    STRATEGY_KEY,
+    THRESHOLD_KEY,
+)
 
 LOSS_MODE_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
 # Policy losses that correct for the behaviour policy themselves (polyrl-loss-zoo's).
@@ -46,9 +53,14 @@ def check_config(cfg: Any) -> list[str]:
     except PolyrlError:
         return problems  # polyrl validate reports why the step cannot be built
     try:
-        split_step(pipeline)
+        generation, _, _ = split_step(pipeline)
     except ConfigError as exc:
         problems.append(f"{mode}: {exc}")
+        return problems
+    if cfg.trainer.off_policy.partial_rollout != "off":
+        from polyrl_schedule_offpolicy.partial_rollout import chunkable_problem
+
+        problems += [problem for problem in [chunkable_problem(generation)] if problem]
     return problems
 
 
@@ -66,9 +78,35 @@ def _settings_problems(cfg: Any) -> list[str]:
             f"{THRESHOLD_KEY}={threshold!r} must be a whole number >= 1: the policy versions a "
             f"sample may lag (and the batches generated ahead); 1 is one-step off-policy"
         )
+    problems += _partial_problems(cfg)
     if strategy not in STRATEGIES:
         problems.append(
             f"{STRATEGY_KEY}={strategy!r}: use wait (a batch staler than the threshold is "
             f"generated again) or drop (its prompts are left out of the epoch)"
+        )
+    return problems
+
+
+def _partial_problems(cfg: Any) -> list[str]:
+    settings = cfg.trainer.off_policy
+    partial, chunk = settings.partial_rollout, settings.partial_rollout_chunk_tokens
+    if partial not in PARTIAL_MODES:
+        return [
+            f"{PARTIAL_KEY}={partial!r}: use off (weights reach the rollout between rounds), "
+            f"continue (a sample cut by a weight sync goes on with the new weights) or abort "
+            f"(it starts again)"
+        ]
+    if partial == "off":
+        return []
+    problems = []
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        problems.append(
+            f"{CHUNK_KEY}={chunk!r} must be a whole number >= 1: the new tokens generated "
+            f"between two chances of a weight sync"
+        )
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        problems.append(
+            f"{PARTIAL_KEY}={partial} chunks single-turn generation; multi-turn episodes "
+            f"(actor_rollout_ref.rollout.multi_turn.enable=true) run whole: set {PARTIAL_KEY}=off"
         )
     return problems

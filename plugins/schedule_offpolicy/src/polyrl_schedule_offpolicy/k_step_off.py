@@ -65,7 +65,7 @@ from polyrl.api import (
     load_step_state,
     save_step_state,
 )
-from polyrl_schedule_offpolicy.settings import SECTION, OffPolicySettings
+from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, SECTION, OffPolicySettings
 
 if TYPE_CHECKING:
     from polyrl.api import StepContext
@@ -248,6 +248,11 @@ class KStepOffSchedule:
         self._ahead = deque()
         saved, one_step = driver_state.get(STATE_KEY), driver_state.get(ONE_STEP_STATE_KEY)
         if saved:
+            if saved.get("partial"):
+                raise ConfigError(
+                    f"the checkpoint holds samples generated in part (it was written with "
+                    f"{PARTIAL_KEY}=continue or abort); resume with that setting"
+                )
             self.actor_version = int(saved["actor_version"])
             for step in saved["ahead"]:
                 batch = load_step_state(os.path.join(directory, BATCH_FILE.format(step=step)))

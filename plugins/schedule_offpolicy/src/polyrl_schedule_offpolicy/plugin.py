@@ -18,7 +18,7 @@ def polyrl_schedules() -> Iterator[ScheduleSpec]:
         description="The next step's batch is generated (by the policy one update behind) "
         "while this step trains; needs the rollout on workers of its own and an off-policy "
         "correction (TIS cap or decoupled_ppo)",
-        schedule=f"{_PKG}.one_step_off:OneStepOffSchedule",
+        schedule=f"{_PKG}.schedules:one_step_off",
         describe=f"{_PKG}.one_step_off:describe",
         config_check=f"{_PKG}.checks:check_config",
     )
@@ -26,8 +26,10 @@ def polyrl_schedules() -> Iterator[ScheduleSpec]:
         name="k_step_off",
         description="The rollout generates up to trainer.off_policy.max_off_policy_threshold "
         "(k) batches ahead while the actor trains, samples at most k versions behind; needs "
-        "the rollout on workers of its own and an off-policy correction",
-        schedule=f"{_PKG}.k_step_off:KStepOffSchedule",
+        "the rollout on workers of its own and an off-policy correction; with "
+        "trainer.off_policy.partial_rollout=continue|abort the weights reach the rollout "
+        "after every update, between chunks of generation",
+        schedule=f"{_PKG}.schedules:k_step_off",
         describe=f"{_PKG}.k_step_off:describe",
         config_check=f"{_PKG}.checks:check_config",
         config_sections=OFF_POLICY_SECTIONS,

@@ -14,6 +14,12 @@ STRATEGY_KEY = f"{SECTION}.max_off_policy_strategy"
 # for batches a checkpoint written under a larger threshold holds): generate its prompts again
 # with the current weights, or leave its prompts out of the epoch and draw new ones.
 STRATEGIES = ("wait", "drop")
+PARTIAL_KEY = f"{SECTION}.partial_rollout"
+CHUNK_KEY = f"{SECTION}.partial_rollout_chunk_tokens"
+# What a sample still being generated when new weights arrive does: ``off`` (weights arrive only
+# between rounds, when the rollout is idle), ``continue`` (with the new weights; each token keeps
+# the version that sampled it) or ``abort`` (its tokens are thrown away and it starts again).
+PARTIAL_MODES = ("off", "continue", "abort")
 
 
 @dataclass
@@ -22,10 +28,18 @@ class OffPolicySettings:
     that trains on it, so also how many batches the rollout generates ahead (verl's key).
     ``trainer.async_mode=one_step_off`` is k=1. ``max_off_policy_strategy``: ``wait`` (the
     default: every prompt still trains once per epoch; verl defaults to drop) regenerates a
-    batch staler than k; ``drop`` leaves it out."""
+    batch staler than k; ``drop`` leaves it out.
+
+    ``partial_rollout`` (verl's fully-async trainer and slime name it so; AReaL calls it
+    interruptible generation): ``off`` keeps whole rounds of one version; ``continue`` or
+    ``abort`` generate in chunks of ``partial_rollout_chunk_tokens`` new tokens and sync the
+    weights after every update, between two chunks, so a long sample does not hold the new
+    weights back; a sample cut by a sync continues with the new weights, or starts again."""
 
     max_off_policy_threshold: int = 1
     max_off_policy_strategy: str = "wait"
+    partial_rollout: str = "off"
+    partial_rollout_chunk_tokens: int = 32
 
 
 OFF_POLICY_SECTIONS = {SECTION: OffPolicySettings}
