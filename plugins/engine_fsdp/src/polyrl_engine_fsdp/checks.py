@@ -9,15 +9,20 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from polyrl.api import lora_rank, role_world
 from polyrl_engine_fsdp.plugin import ENGINE_NAMES
 from polyrl_engine_kit.checks import (
     ACTOR,
     CRITIC,
     REF,
+    ULYSSES,
     actor_ref_problems,
     dtype_problem,
     fsdp_size_problem,
+    head_problem,
+    model_heads,
     optim_problems,
     switch_problem,
 )
@@ -58,7 +63,8 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    problems += actor_ref_problems(actor, ref)
+    problems += actor_ref_problems(actor, ref, sequence_parallel=True)
+    problems += sequence_parallel_problems(cfg)
     for role, prefix, node in (("actor", ACTOR, actor), ("ref", REF, ref)):
         found = role_world(cfg, role)
         inherited = node.fsdp_config.fsdp_size == actor.fsdp_config.fsdp_size
@@ -98,3 +104,60 @@ def critic_problems(cfg: Any) -> list[str]:
         problems += [size] if size else []
     offload = offload_problem(fsdp, f"{CRITIC}.model") if fsdp != actor_fsdp else None
     return [*problems, *([offload] if offload else [])]
+
+
+def _path(model: Any) -> Any:
+    """A model node's ``path``; None where it is not given yet (``???`` in a bare schema)."""
+    return None if OmegaConf.is_missing(model, "path") else model.path
+
+
+def sequence_parallel_problems(cfg: Any) -> list[str]:
+    """Each role's Ulysses size: a divisor of its pool's ranks and of the model's heads, on
+    packed rows (``use_remove_padding``, as verl requires). The reference's and the critic's
+    follow the actor's unless set: an inherited value is reported once. The critic's engine
+    node is the actor's (the critic role merges only its batch and optimizer keys over it), so
+    a critic size of its own is refused."""
+    arr = cfg.actor_rollout_ref
+    actor_size = arr.actor[ULYSSES]
+    policy = _path(arr.model)
+    roles = [("actor", ACTOR, arr.actor, policy)]
+    if arr.ref[ULYSSES] != actor_size or role_world(cfg, "ref") != role_world(cfg, "actor"):
+        roles.append(("ref", REF, arr.ref, policy))
+    problems = []
+    if lora_rank(arr.model) and arr.ref[ULYSSES] != actor_size:
+        problems.append(
+            f"{REF}.{ULYSSES}={arr.ref[ULYSSES]} differs from the actor's {actor_size}: with "
+            f"LoRA the reference scores on the actor's engine; leave {REF}.{ULYSSES} unset"
+        )
+    if str(cfg.critic.strategy) in ENGINE_NAMES:
+        if cfg.critic[ULYSSES] != actor_size:
+            problems.append(
+                f"{CRITIC}.{ULYSSES}={cfg.critic[ULYSSES]} differs from the actor's "
+                f"{actor_size}: the critic runs with the actor's Ulysses size; leave "
+                f"{CRITIC}.{ULYSSES} unset"
+            )
+        critic_path = _path(cfg.critic.model)
+        if critic_path is not None or role_world(cfg, CRITIC) != role_world(cfg, "actor"):
+            roles.append((CRITIC, CRITIC, arr.actor, critic_path or policy))
+    for role, prefix, node, path in roles:
+        size = node[ULYSSES]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            problems.append(f"{prefix}.{ULYSSES} must be a positive integer, got {size!r}")
+            continue
+        if size == 1:
+            continue
+        found = role_world(cfg, role)
+        if found is not None and found[0] % size:
+            problems.append(
+                f"{prefix}.{ULYSSES}={size} does not divide the {found[1]}: each group of "
+                f"{size} ranks splits one sequence; use a divisor of {found[0]}"
+            )
+        if not arr.model.use_remove_padding:
+            problems.append(
+                f"{prefix}.{ULYSSES}={size} splits packed rows: set "
+                f"actor_rollout_ref.model.use_remove_padding=true"
+            )
+        heads = model_heads(path)
+        problem = head_problem(*heads, size, prefix) if heads else None
+        problems += [problem] if problem else []
+    return problems

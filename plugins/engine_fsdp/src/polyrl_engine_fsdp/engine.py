@@ -12,7 +12,10 @@ Read ``polyrl.interfaces.training_engine`` for the contract. What this engine ad
 - weight streaming, DCP checkpoints and Hugging Face export (see :mod:`.checkpoint`);
 - LoRA on the actor (``actor_rollout_ref.model.lora_rank > 0``, see :mod:`.lora`): peft adapters
   on frozen base weights; the stream is the merged model, checkpoints hold the adapters only, and
-  :meth:`FSDPEngine.adapters_disabled` is the reference policy.
+  :meth:`FSDPEngine.adapters_disabled` is the reference policy;
+- Ulysses sequence parallelism (``ulysses_sequence_parallel_size`` > 1, see
+  :mod:`polyrl_engine_kit.ulysses`): groups of consecutive ranks split each packed row, report
+  one data-parallel rank to the driver, and FSDP still shards over the whole world.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ from torch.distributed.tensor import DTensor
 
 from polyrl.api import (
     Batch,
+    ConfigError,
+    DataParallelRank,
     EngineContext,
     MicroBatchLossFn,
     MicroBatchValueLossFn,
     ModelHead,
     TrainingEngine,
+    tensor_parallel_mesh,
 )
 from polyrl_engine_fsdp import checkpoint as ckpt
 from polyrl_engine_fsdp.lora import adapter_names, apply_lora, merge_stream, saved_name
@@ -47,7 +53,8 @@ from polyrl_engine_fsdp.modeling import (
 )
 from polyrl_engine_kit import fast_paths
 from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
-from polyrl_engine_kit.config import resolve_settings
+from polyrl_engine_kit.checks import head_problem
+from polyrl_engine_kit.config import engine_node, resolve_settings
 from polyrl_engine_kit.errors import EngineUsageError
 from polyrl_engine_kit.logprob import EntropyMode
 from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
@@ -78,6 +85,7 @@ from polyrl_engine_kit.training import (
     policy_micro_loss,
     report_step,
 )
+from polyrl_engine_kit.ulysses import sequence_parallel_group
 
 MERGED_FOLDER = "merged"  # the merged model's subfolder of a LoRA export
 
@@ -110,12 +118,20 @@ class FSDPEngine(TrainingEngine):
         self.head = ModelHead(ctx.head)
         model = load_hf_model(ctx.model_path, self.settings, self.device, self.head)
         self.hf_config = model.config
+        self.ulysses = ulysses_size(ctx, model.config)
+        self.sequence_parallel = sequence_parallel_group(self.ulysses, self.device)
         if not self.trainable:
             model.requires_grad_(False)
         # LoRA adapts the policy being trained; a critic or a frozen reference trains no adapters.
         lora = self.settings.lora if self.trainable else None
         self.lora = lora if self.head is ModelHead.CAUSAL_LM else None
-        paths = fast_paths.prepare(model, self.settings, self.device, self.lora is not None)
+        paths = fast_paths.prepare(
+            model,
+            self.settings,
+            self.device,
+            self.lora is not None,
+            sequence_parallel=self.sequence_parallel,
+        )
         wrapped = model if self.lora is None else apply_lora(model, self.lora)
         self.model, self.mesh = shard_model(wrapped, self.settings, self.device)
         self.paths = fast_paths.finish(self.model, paths, self.settings, self.head)
@@ -137,10 +153,15 @@ class FSDPEngine(TrainingEngine):
         self.global_step = 0
         self.metric_prefix = "critic" if self.head is ModelHead.VALUE else "actor"
 
+    def data_parallel_rank(self) -> DataParallelRank:
+        """The ranks of one sequence-parallel group are one data-parallel rank: they get the
+        same rows, and the first of them returns the output."""
+        return tensor_parallel_mesh(self.ctx.rank, self.ctx.world_size, self.ulysses)
+
     # ---- micro-batching -----------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, training: bool) -> tuple[list[list[int]], int]:
         """Row groups for this rank and the number of dummy passes to match the other ranks."""
-        groups = plan_micro_batches(batch, self.settings, training, self.paths.packed)
+        groups = plan_micro_batches(batch, self.settings, training, self.paths.packed, self.ulysses)
         return equalize_over_ranks(groups, self.device)
 
     # ---- forward ------------------------------------------------------------------------------
@@ -156,6 +177,7 @@ class FSDPEngine(TrainingEngine):
             self._accepts_logits_to_keep,
             temperature=temperature,
             entropy=entropy,
+            sequence_parallel=self.sequence_parallel,
         )
 
     def _forward_values(self, batch: Batch) -> torch.Tensor:
@@ -166,7 +188,7 @@ class FSDPEngine(TrainingEngine):
             # about for the sake of in-place ops; nothing here writes into it.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* a view tensor")
             if self.paths.packed:
-                return packed_values(self.model, batch, self.device)
+                return packed_values(self.model, batch, self.device, self.sequence_parallel)
             trimmed, kwargs, response_attention = model_inputs(batch, self.device)
             kept = trimmed.kept_response
             values = self.model(**kwargs).logits[:, -(kept + 1) : -1, 0].float()
@@ -406,6 +428,24 @@ class FSDPEngine(TrainingEngine):
             )
             del merged
         dist.barrier()
+
+
+def ulysses_size(ctx: EngineContext, hf_config: object) -> int:
+    """The role's ``ulysses_sequence_parallel_size``, checked against the world and the
+    model's heads (the same lines ``polyrl validate`` reports)."""
+    prefix = "critic" if ctx.role == "critic" else "actor_rollout_ref.actor"
+    size = engine_node(ctx.engine).ulysses_sequence_parallel_size
+    if not isinstance(size, int) or size < 1 or ctx.world_size % size:
+        raise ConfigError(
+            f"{prefix}.ulysses_sequence_parallel_size={size!r} must be a positive divisor of the "
+            f"role's {ctx.world_size} ranks"
+        )
+    heads = int(getattr(hf_config, "num_attention_heads", 1))
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    problem = head_problem(heads, kv_heads, size, prefix)
+    if problem:
+        raise ConfigError(problem)
+    return size
 
 
 def _tied_groups(model: torch.nn.Module) -> dict[int, list[str]]:

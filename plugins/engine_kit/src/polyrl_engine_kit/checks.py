@@ -8,6 +8,8 @@ an engine built outside a validated run.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from polyrl.api import lora_problems
@@ -15,6 +17,8 @@ from polyrl.api import lora_problems
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 CRITIC = "critic"
+# verl's key for Ulysses sequence parallelism, declared by polyrl-engine-fsdp on each role
+ULYSSES = "ulysses_sequence_parallel_size"
 
 DTYPES = {
     "bfloat16": "bfloat16",
@@ -140,12 +144,53 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
     return [*problems, *([size] if size else []), *([switch] if switch else [])]
 
 
-def actor_ref_problems(actor: Any, ref: Any) -> list[str]:
+def actor_ref_problems(actor: Any, ref: Any, sequence_parallel: bool = False) -> list[str]:
     """The micro-batch keys of the actor and the reference, and the actor's AdamW, as every
     engine reading verl's ``actor_rollout_ref`` keys checks them. The reference's keys default
-    to the actor's: a value it only inherits is reported once."""
+    to the actor's: a value it only inherits is reported once. Without ``sequence_parallel``
+    (an engine that does not split sequences) a Ulysses size above 1 is refused."""
     log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
     problems = batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
     own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
     problems += batch_problems(ref, REF, own)
+    if not sequence_parallel:
+        problems += [p for p in [unsplit_problem(actor, ACTOR), unsplit_problem(ref, REF)] if p]
     return problems + optim_problems(actor.optim, ACTOR, core_checked=True)
+
+
+def unsplit_problem(node: Any, prefix: str) -> str | None:
+    """A Ulysses size above 1 for an engine that does not implement it (the key exists where
+    polyrl-engine-fsdp is installed)."""
+    size = node.get(ULYSSES, 1) if hasattr(node, "get") else 1
+    if size == 1:
+        return None
+    return (
+        f"{prefix}.{ULYSSES}={size}: Ulysses sequence parallelism is implemented by the FSDP "
+        f"engine only; set it to 1, or use actor_rollout_ref.actor.strategy=fsdp2"
+    )
+
+
+def head_problem(num_heads: int, num_kv_heads: int, size: int, prefix: str) -> str | None:
+    """Under Ulysses each rank attends with ``1 / size`` of the query and of the key/value
+    heads."""
+    if num_heads % size == 0 and num_kv_heads % size == 0:
+        return None
+    return (
+        f"{prefix}.{ULYSSES}={size} must divide the model's {num_heads} attention heads and "
+        f"{num_kv_heads} key/value heads (each rank attends with a share of both); use a "
+        f"common divisor of them"
+    )
+
+
+def model_heads(path: Any) -> tuple[int, int] | None:
+    """``(attention heads, key/value heads)`` from the ``config.json`` of a local model folder;
+    None for anything else (a hub name: the engine checks the loaded config)."""
+    config = Path(str(path)) / "config.json"
+    if path is None or not config.is_file():
+        return None
+    hf = json.loads(config.read_text())
+    heads = hf.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv_heads = hf.get("num_key_value_heads")
+    return heads, kv_heads if isinstance(kv_heads, int) else heads

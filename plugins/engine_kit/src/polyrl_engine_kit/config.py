@@ -117,6 +117,13 @@ def _split_runtime_keys(engine: Any) -> tuple[Any, int | None]:
     return engine, None
 
 
+def engine_node(engine: Any) -> Any:
+    """A role's engine node merged over the schema's ``actor_rollout_ref.actor`` (without the
+    runtime key :data:`TOTAL_OPTIMIZER_STEPS`): where an engine reads the keys its own plugin
+    declares there."""
+    return schema_node(_split_runtime_keys(engine)[0], "actor_rollout_ref.actor")
+
+
 def resolve_settings(
     model: Any,
     engine: Any,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from polyrl.api import Batch, ModelHead
+from polyrl.api import Batch, ConfigError, ModelHead
 from polyrl_engine_kit.compiling import compile_decoder_layers
 from polyrl_engine_kit.config import EngineSettings
 from polyrl_engine_kit.liger import apply_liger
@@ -28,6 +28,7 @@ from polyrl_engine_kit.packed_scoring import (
     supports_fused,
 )
 from polyrl_engine_kit.scoring import response_log_probs
+from polyrl_engine_kit.ulysses import SequenceParallel, use_ulysses_attention
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class FastPaths:
     liger: bool  # Liger kernels patched in (use_liger, CUDA, liger-kernel, layers not compiled)
     compiled: bool  # decoder layers through torch.compile (use_torch_compile, CUDA)
     fused_compiled: bool  # the fused log-probs' statistics compiled on CUDA (use_torch_compile)
+    ulysses: int = 1  # ranks each packed row is split over (ulysses_sequence_parallel_size)
 
 
 def layer_compile_backend(device: torch.device, settings: EngineSettings, lora: bool) -> str | None:
@@ -58,18 +60,28 @@ def prepare(
     device: torch.device,
     lora: bool,
     partitioned: bool = False,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> FastPaths:
     """Patch ``model`` (before LoRA and sharding) for the paths the settings ask for and the
     device allows; ``lora``: the engine will wrap the model with adapters; ``partitioned``: the
     engine keeps each parameter partitioned outside the forward of the module that owns it
     (DeepSpeed ZeRO-3), so the layers stay eager (compiled layers were not tried against
-    ZeRO-3's re-gathering in the backward). The fused scores are decided by :func:`finish`."""
+    ZeRO-3's re-gathering in the backward); ``sequence_parallel``: packed rows split over that
+    group (:mod:`.ulysses`; needs ``remove_padding``). The fused scores are decided by
+    :func:`finish`."""
     backend = None if partitioned else layer_compile_backend(device, settings, lora)
     if backend is not None:
         compile_decoder_layers(model, decoder_layers(model), backend)
     # Compiled layers fuse what Liger's kernels would, without their per-call Python cost.
     liger = settings.use_liger and backend is None and apply_liger(model, device)
-    if settings.remove_padding:
+    if sequence_parallel is not None:
+        if not settings.remove_padding:
+            raise ConfigError(
+                "Ulysses sequence parallelism splits packed rows: set "
+                "actor_rollout_ref.model.use_remove_padding=true"
+            )
+        use_ulysses_attention(model, sequence_parallel)
+    elif settings.remove_padding:
         use_packed_attention(model)
     return FastPaths(
         packed=settings.remove_padding,
@@ -77,6 +89,7 @@ def prepare(
         liger=liger,
         compiled=backend is not None,
         fused_compiled=settings.torch_compile,
+        ulysses=1 if sequence_parallel is None else sequence_parallel.size,
     )
 
 
@@ -114,13 +127,21 @@ def policy_scores(
     *,
     temperature: float,
     entropy: EntropyMode,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) ``[b, R]`` of the response tokens, zero on padding, by the path
-    ``paths`` chose: one packed row (fused or through the head), or padded rows (the head's
-    logits only at response positions where the model takes ``logits_to_keep``)."""
+    ``paths`` chose: one packed row (fused or through the head; split over
+    ``sequence_parallel`` when given), or padded rows (the head's logits only at response
+    positions where the model takes ``logits_to_keep``)."""
     if paths.packed:
         return packed_log_probs(
-            model, batch, device, temperature=temperature, entropy=entropy, fused=paths.fused
+            model,
+            batch,
+            device,
+            temperature=temperature,
+            entropy=entropy,
+            fused=paths.fused,
+            sequence_parallel=sequence_parallel,
         )
     return response_log_probs(
         model,

@@ -121,19 +121,29 @@ def equalize_count(groups: list[list[int]], target: int) -> tuple[list[list[int]
 
 
 def plan_micro_batches(
-    batch: Batch, settings: EngineSettings, training: bool, packed: bool = False
+    batch: Batch,
+    settings: EngineSettings,
+    training: bool,
+    packed: bool = False,
+    sequence_parallel: int = 1,
 ) -> list[list[int]]:
     """This rank's row groups: by token budget (``use_dynamic_bsz``) or by row count, with the
     training or the log-prob keys; the same plan for every engine built on these settings.
-    ``packed``: the engine packs each micro-batch (no padding), so a budget counts real tokens."""
+    ``packed``: the engine packs each micro-batch (no padding), so a budget counts real tokens.
+    ``sequence_parallel``: ranks that split each micro-batch (Ulysses), each holding its share
+    of the per-GPU budget, so the micro-batch may hold that many times the budget (as in verl)."""
     s = settings
     if s.use_dynamic_bsz:
         budget = s.max_token_len if training else s.log_prob_max_token_len
         key = "ppo_max_token_len_per_gpu" if training else "log_prob_max_token_len_per_gpu"
+        key = f"actor_rollout_ref.actor.{key}"
+        if sequence_parallel > 1:
+            budget *= sequence_parallel
+            key = f"{key} x ulysses_sequence_parallel_size {sequence_parallel}"
         lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
         if packed:
-            return packed_budget_partition(lengths.total, budget, f"actor_rollout_ref.actor.{key}")
-        return token_budget_partition(lengths, budget, f"actor_rollout_ref.actor.{key}")
+            return packed_budget_partition(lengths.total, budget, key)
+        return token_budget_partition(lengths, budget, key)
     size = s.micro_batch_size if training else s.log_prob_micro_batch_size
     return fixed_partition(len(batch), size)
 

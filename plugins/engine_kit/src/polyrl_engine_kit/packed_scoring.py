@@ -22,6 +22,7 @@ from polyrl.api import Batch
 from polyrl_engine_kit.fused_logprob import linear_log_prob
 from polyrl_engine_kit.logprob import EntropyMode, token_logprob_entropy
 from polyrl_engine_kit.packing import PackedRows, pack_rows, unpack
+from polyrl_engine_kit.ulysses import SequenceParallel, gather_scores, shard_packed
 
 FUSED_METHOD = "polyrl_fused_log_probs"
 
@@ -87,12 +88,27 @@ def _model_kwargs(packed: PackedRows) -> dict[str, Any]:
     }
 
 
-def _pack(batch: Batch, device: torch.device) -> PackedRows:
-    return pack_rows(
+def _pack(
+    batch: Batch, device: torch.device, sp: SequenceParallel | None
+) -> tuple[PackedRows, PackedRows, list[int] | None]:
+    """The micro-batch's packed row, the part of it this rank feeds the model (its slice under
+    sequence parallelism, else the row itself) and, with ``sp``, each rank's score count."""
+    packed = pack_rows(
         batch["input_ids"].to(device),
         batch["attention_mask"].to(device),
         batch["responses"].shape[1],
     )
+    if sp is None:
+        return packed, packed, None
+    part, counts = shard_packed(packed, sp)
+    return packed, part, counts
+
+
+def _joined(
+    scores: torch.Tensor, sp: SequenceParallel | None, counts: list[int] | None
+) -> torch.Tensor:
+    """The whole row's scores: this rank's own, or every rank's of its group joined."""
+    return scores if sp is None or counts is None else gather_scores(scores, sp, counts)
 
 
 def packed_log_probs(
@@ -103,26 +119,33 @@ def packed_log_probs(
     temperature: float,
     entropy: EntropyMode,
     fused: bool,
+    sequence_parallel: SequenceParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) ``[b, R]`` of the response tokens, zero on padding; ``fused``
-    needs :func:`install_fused_forward` on ``model``."""
-    packed = _pack(batch, device)
+    needs :func:`install_fused_forward` on ``model``; with ``sequence_parallel`` (and the
+    model on :mod:`.ulysses`' attention) each rank scores its slice and all get the whole."""
+    sp = sequence_parallel
+    packed, part, counts = _pack(batch, device, sp)
     if fused:
-        log_prob, ent = getattr(model, FUSED_METHOD)(
-            packed, temperature, entropy != EntropyMode.NONE
-        )
+        log_prob, ent = getattr(model, FUSED_METHOD)(part, temperature, entropy != EntropyMode.NONE)
         if ent is not None and entropy == EntropyMode.DETACHED:
             ent = ent.detach()
     else:
-        logits = model(**_model_kwargs(packed), logits_to_keep=packed.score_index).logits
-        log_prob, ent = token_logprob_entropy(logits, packed.labels[None], temperature, entropy)
+        logits = model(**_model_kwargs(part), logits_to_keep=part.score_index).logits
+        log_prob, ent = token_logprob_entropy(logits, part.labels[None], temperature, entropy)
         log_prob, ent = log_prob[0], None if ent is None else ent[0]
-    return unpack(log_prob, packed), None if ent is None else unpack(ent, packed)
+    log_prob = unpack(_joined(log_prob, sp, counts), packed)
+    return log_prob, None if ent is None else unpack(_joined(ent, sp, counts), packed)
 
 
-def packed_values(model: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+def packed_values(
+    model: Any,
+    batch: Batch,
+    device: torch.device,
+    sequence_parallel: SequenceParallel | None = None,
+) -> torch.Tensor:
     """A value head's outputs ``[b, R]`` in float32 at the positions that predict each real
-    response token, zero on padding."""
-    packed = _pack(batch, device)
-    values = model(**_model_kwargs(packed)).logits[0, packed.score_index, 0].float()
-    return unpack(values, packed)
+    response token, zero on padding (``sequence_parallel``: as in :func:`packed_log_probs`)."""
+    packed, part, counts = _pack(batch, device, sequence_parallel)
+    values = model(**_model_kwargs(part)).logits[0, part.score_index, 0].float()
+    return unpack(_joined(values, sequence_parallel, counts), packed)
