@@ -80,7 +80,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--source", default=None, help="import polyrl_rollout_hf from here")
+    parser.add_argument("--label", default=None, help="names this code path in the JSON")
     args = parser.parse_args()
+    if args.source:  # e.g. an export of an older commit: the baseline, in its own process
+        sys.path.insert(0, str(Path(args.source).resolve()))
 
     import torch
 
@@ -155,7 +159,12 @@ def main() -> None:
         f"mean {float(lengths.float().mean()):.1f}, {100 * at_limit:.0f}% at the limit"
     )
     print(f"\n  {'path':<16} {'useful tok/s':>12}  {'median s':>8}  runs s")
-    result = {"args": vars(args), "eos_rate": rate, "paths": {}}
+    result = {
+        "args": vars(args),
+        "eos_rate": rate,
+        "paths": {},
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+    }
     for name in paths:
         median = statistics.median(seconds[name])
         rate_tps = statistics.median(t / s for t, s in zip(tokens[name], seconds[name]))
@@ -175,7 +184,8 @@ def main() -> None:
     if cuda:
         print(f"  CUDA graph captures: {engine.static_decode.captures}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        with open(args.json, "a") as handle:  # one line per process: baseline and current
+            handle.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

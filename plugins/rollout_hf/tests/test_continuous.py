@@ -105,6 +105,25 @@ def test_greedy_is_exact_when_the_tail_moves_to_smaller_steps(model_dir, slots):
     assert_same(out, eager.generate(batch, params))
 
 
+def test_greedy_is_exact_when_ended_rows_are_read_back_every_few_steps(model_dir):
+    """As on CUDA, where the host reads the slots back every few steps: rows that ended keep
+    their slot until then, and nothing they compute meanwhile reaches the outputs."""
+    ids = torch.randint(3, 448, (24, 5), generator=torch.Generator().manual_seed(1))
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    params = SamplingParams(n=3, max_new_tokens=30, greedy=True, stop_token_ids=STOPS)
+    engine = make_engine(model_dir, continuous="true", slots=16)
+    engine.done_check_every = 8
+    out = engine.generate(batch, params)
+    lengths = out["response_mask"].sum(1)
+    assert lengths.min() < 8 and lengths.max() > 16
+    eager = make_engine(model_dir, continuous="false", static="false")
+    eager.done_check_every = 8
+    assert_same(out, eager.generate(batch, params))
+    assert_same(
+        out, make_engine(model_dir, continuous="false", static="false").generate(batch, params)
+    )
+
+
 def test_a_row_longer_than_the_ring_can_hold_is_still_exact(model_dir, prompts):
     """More decode steps in one call than the cache has columns: the write column wraps many
     times while rows come and go (2 slots, 8 prompts x 3 samples of up to 50 tokens, 64 columns)."""

@@ -31,7 +31,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def make_engine(
-    path, *, static="false", device="cpu", dtype="float32", micro_batch_size=64, continuous="false"
+    path,
+    *,
+    static="false",
+    device="cpu",
+    dtype="float32",
+    micro_batch_size=64,
+    continuous="false",
+    **hf,
 ):
     """The engine with continuous batching off unless asked for: these tests are about the
     chunked static path (tests/test_continuous.py covers the other)."""
@@ -40,7 +47,9 @@ def make_engine(
         config={
             "dtype": dtype,
             "micro_batch_size": micro_batch_size,
-            "engine_kwargs": {"hf": {"static_cache": static, "continuous_batching": continuous}},
+            "engine_kwargs": {
+                "hf": {"static_cache": static, "continuous_batching": continuous, **hf}
+            },
         },
         device=device,
         rank=0,
@@ -166,6 +175,32 @@ def test_static_cache_samples_what_the_eager_loop_samples(dirs, prompts, model, 
     assert_same_samples(static.generate(prompts, params), eager.generate(prompts, params))
 
 
+@pytest.mark.parametrize("model", ["tiny", "gqa"])
+def test_fused_step_greedy_equals_the_transformers_step(dirs, prompts, model):
+    """The written-out decoder layers against the step through the model's own forward (the
+    path before them, ``fused_step=false``) and the eager loop: the same greedy tokens."""
+    fused = make_engine(dirs[model], static="true")
+    plain = make_engine(dirs[model], static="true", fused_step="false")
+    assert fused.static_decode.fused is not None and plain.static_decode.fused is None
+    params = SamplingParams(n=2, max_new_tokens=24, greedy=True)
+    out = fused.generate(prompts, params)
+    assert_same_samples(out, plain.generate(prompts, params))
+    assert_same_samples(out, make_engine(dirs[model]).generate(prompts, params))
+
+
+def test_fused_step_only_where_it_applies(dirs):
+    from transformers import AutoModelForCausalLM
+
+    from polyrl_rollout_hf.fused_step import unsupported_reason
+
+    model = AutoModelForCausalLM.from_pretrained(dirs["gqa"])
+    assert unsupported_reason(model) is None
+    model.config.hidden_act = "gelu"
+    assert "silu" in unsupported_reason(model)
+    model.config.hidden_act, model.config.model_type = "silu", "gemma"
+    assert "model_type 'gemma'" in unsupported_reason(model)
+
+
 def test_static_cache_reuses_its_bucket_and_chunks_like_the_eager_loop(dirs, prompts):
     engine = make_engine(dirs["gqa"], static="true", micro_batch_size=4)  # 2 prompts of n=2
     eager = make_engine(dirs["gqa"], static="false", micro_batch_size=4)
@@ -224,6 +259,23 @@ def test_cuda_graph_samples_what_the_eager_loop_samples(dirs, prompts, params):
     assert graph.static_decode is not None and graph.static_decode.use_graphs
     assert_same_samples(graph.generate(prompts, params), eager.generate(prompts, params), 1e-4)
     assert graph.static_decode.captures == (0 if params.max_new_tokens == 1 else 1)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_fused_compiled_graph_greedy_equals_the_transformers_graph(dirs, prompts, dtype):
+    """Today's CUDA path before the fused step (transformers' forward in the graph, eager
+    sampling) against the fused, compiled one: the same greedy tokens (in bfloat16 too, where
+    a fused kernel's rounding could flip a near tie: the tiny models have none in 40 tokens)."""
+    fused = make_engine(dirs["gqa"], static="auto", device="cuda", dtype=dtype)
+    plain = make_engine(
+        dirs["gqa"], static="auto", device="cuda", dtype=dtype, fused_step="false", compile="false"
+    )
+    assert fused.static_decode.fused is not None and fused.compiled
+    params = SamplingParams(n=3, max_new_tokens=40, greedy=True)
+    out = fused.generate(prompts, params)
+    assert_same_samples(out, plain.generate(prompts, params), 1e-4 if dtype == "float32" else 0.05)
 
 
 @pytest.mark.gpu
@@ -304,6 +356,18 @@ def test_top_p_keeps_ties_in_token_order():
     assert kept.tolist() == [[True, False, True, False, False]]  # the two lowest ids reach 0.5
     kept = truncate_logits(logits, -1, 0.6).isfinite()  # no top-k: three are needed for 0.6
     assert kept.tolist() == [[True, False, True, True, False]]
+
+
+def test_race_draws_what_multinomial_draws():
+    """The exponential race takes the same draws from the generator as torch.multinomial, so
+    the CPU path samples exactly what it sampled before."""
+    from polyrl_rollout_hf.sampling import race
+
+    probs = torch.softmax(torch.randn(64, 1000, generator=torch.Generator().manual_seed(0)), -1)
+    ours, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    expected = torch.multinomial(probs, 1, generator=theirs).squeeze(-1)
+    assert torch.equal(race(probs, ours), expected)
+    assert torch.equal(ours.get_state(), theirs.get_state())
 
 
 @pytest.mark.gpu

@@ -25,7 +25,6 @@ the mask and on the position ids (already applied to the cached keys by the rota
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +40,9 @@ logger = logging.getLogger(__name__)
 # Bytes per vocabulary entry that one slot's sampling holds at a time: the step's logits in the
 # model's dtype, their float32 copy, the log-softmax and the probabilities.
 SAMPLING_BYTES_PER_VOCAB_ENTRY = 16
-# A refill prefills the waiting prompts once; waiting until this share of the slots is free
-# batches the prefills (each a full forward pass) at the price of a few idle slots.
-REFILL_SHARE = 8
+# A refill copies the waiting rows' KV into free slots; waiting until this share of the slots is
+# free batches those copies at the price of a few idle slots.
+REFILL_SHARE = 16
 
 
 @dataclass
@@ -88,6 +87,12 @@ class ContinuousBatch:
 
     Rows are prompt-major (prompt ``i``'s samples are rows ``i*n .. i*n+n-1``) and enter in that
     order; :meth:`run` returns tokens, response mask and log-probs ``[rows, max_new_tokens]``.
+
+    The bookkeeping lives on the device: each slot's row (or the spare row ``rows`` when free) and
+    its token count; every step writes the sampled tokens into the outputs at those places and
+    frees the slots whose row ended, without the host looking. The host reads the slots back
+    every ``check_every`` steps (a read-back waits for the device) to refill and shrink. Prompts
+    are prefilled ahead, as many at a time as fill every slot, so a refill only copies KV rows.
     """
 
     def __init__(
@@ -98,9 +103,13 @@ class ContinuousBatch:
         stop_ids: list[int],
         pad: int,
         generator: torch.Generator,
+        *,
+        compiled: bool = False,
+        check_every: int = 1,
     ):
         self.ladder, self.prefill, self.params = ladder, prefill, params
-        self.pad, self.generator = int(pad), generator
+        self.pad, self.generator, self.compiled = int(pad), generator, bool(compiled)
+        self.check_every = max(1, int(check_every))
         self.decoder = ladder[0]
         self.device = self.decoder.input_ids.device
         self.stops = torch.tensor(stop_ids, dtype=torch.long, device=self.device)
@@ -115,6 +124,7 @@ class ContinuousBatch:
             top_k=int(params.top_k),
             top_p=float(params.top_p),
             generator=self.generator,
+            compiled=self.compiled,
         )
 
     def run(
@@ -122,98 +132,97 @@ class ContinuousBatch:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = input_ids.shape[0] * n
         device, slots = self.device, self.decoder.rows
-        self.tokens = torch.full((rows, self.max_new), self.pad, dtype=torch.long, device=device)
-        self.log_probs = torch.zeros((rows, self.max_new), dtype=torch.float32, device=device)
-        self.mask = torch.zeros((rows, self.max_new), dtype=torch.long, device=device)
+        self.spare = rows  # the output row free slots write to
+        self.tokens = torch.full(
+            (rows + 1, self.max_new), self.pad, dtype=torch.long, device=device
+        )
+        self.log_probs = torch.zeros((rows + 1, self.max_new), dtype=torch.float32, device=device)
+        self.mask = torch.zeros((rows + 1, self.max_new), dtype=torch.long, device=device)
         self.feed = torch.full((slots, 1), self.pad, dtype=torch.long, device=device)
-        self.row_of_slot = [-1] * slots
-        self.written = [0] * rows  # tokens each row has so far
+        self.slot_row = torch.full((slots,), rows, dtype=torch.long, device=device)
+        self.slot_written = torch.zeros(slots, dtype=torch.long, device=device)
+        self.input_ids, self.prompt_mask, self.n = input_ids, prompt_mask, n
+        self.next_row, self.rows = 0, rows
+        self.ready: Prefill | None = None
+        self.ready_first = 0  # the first prompt of ``ready``
         self.decoder.slot = 0
         self.decoder.real_rows = slots
-        queue = deque(range(rows))
         refill_at = max(1, slots // REFILL_SHARE)
         while True:
-            free = [s for s, row in enumerate(self.row_of_slot) if row < 0]
+            row_of_slot = self.slot_row[: self.decoder.rows].tolist()  # the host's read-back
+            free = [s for s, row in enumerate(row_of_slot) if row == rows]
+            waiting = rows - self.next_row
             live = self.decoder.rows - len(free)
-            if queue and (len(free) >= min(refill_at, len(queue)) or live == 0):
-                take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-                self._admit(take, free, input_ids, prompt_mask, n)
+            if waiting and (len(free) >= min(refill_at, waiting) or live == 0):
+                self._admit(free[:waiting])
                 continue
             if live == 0:
                 break
-            if not queue:
-                self._shrink(live)
-            self._step()
-        return self.tokens, self.mask, self.log_probs
+            if not waiting:
+                self._shrink([s for s, row in enumerate(row_of_slot) if row != rows])
+            for _ in range(self.check_every):
+                self._step()
+        return self.tokens[:rows], self.mask[:rows], self.log_probs[:rows]
 
-    def _record(self, rows: list[int], token: torch.Tensor, log_prob: torch.Tensor) -> list[bool]:
-        """Write each row's next token; which rows are done (a stop token, or the limit)."""
-        index = torch.tensor(rows, device=self.device)
-        column = torch.tensor([self.written[r] for r in rows], device=self.device)
-        self.tokens[index, column] = token
-        self.log_probs[index, column] = log_prob
-        self.mask[index, column] = 1
-        stopped = torch.isin(token, self.stops).tolist()  # the step's one host sync
-        done = []
-        for row, stop in zip(rows, stopped, strict=True):
-            self.written[row] += 1
-            done.append(stop or self.written[row] >= self.max_new)
-        return done
+    def _write(self, slots: slice | torch.Tensor, token: torch.Tensor, log_prob: torch.Tensor):
+        """Record each slot's next token in its row and free the slots whose row ended (a stop
+        token, or the limit); a free slot writes to the spare row."""
+        row = self.slot_row[slots]
+        column = self.slot_written[slots].clamp(max=self.max_new - 1)
+        self.tokens[row, column] = token
+        self.log_probs[row, column] = log_prob
+        self.mask[row, column] = 1
+        written = self.slot_written[slots] + 1
+        ended = torch.isin(token, self.stops) | (written >= self.max_new)
+        self.slot_written[slots] = written
+        self.slot_row[slots] = torch.where(ended, self.spare, row)
 
-    def _admit(
-        self,
-        rows: list[int],
-        free: list[int],
-        input_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        n: int,
-    ) -> None:
-        """Prefill the prompts of ``rows`` (each once), sample their first tokens, and give the
-        rows that go on a free slot each."""
-        prompts = sorted({row // n for row in rows})
-        local = {prompt: i for i, prompt in enumerate(prompts)}
-        picked = torch.tensor(prompts)
-        prefill = self.prefill(input_ids[picked], prompt_mask[picked])
-        sources = torch.tensor([local[row // n] for row in rows], device=self.device)
-        token, log_prob = self._pick(prefill.logits.index_select(0, sources))
-        done = self._record(rows, token, log_prob)
-        going = [i for i, finished in enumerate(done) if not finished]
-        if not going:
-            return
-        slots = free[: len(going)]
-        keep = torch.tensor(going, device=self.device)
-        slot_index = torch.tensor(slots, device=self.device)
-        self.decoder.admit(
-            slot_index, prefill.cache, prefill.mask, prefill.last_positions, sources[keep]
-        )
-        self.feed[slot_index, 0] = token[keep]
-        for slot, i in zip(slots, going, strict=True):
-            self.row_of_slot[slot] = rows[i]
+    def _prefill_ahead(self) -> None:
+        """Prefill the prompts of the next rows: enough to fill every slot."""
+        n, first = self.n, self.next_row // self.n
+        count = max(1, -(-self.decoder.rows // n))
+        picked = slice(first, min(first + count, self.input_ids.shape[0]))
+        self.ready = self.prefill(self.input_ids[picked], self.prompt_mask[picked])
+        self.ready_first = first
 
-    def _shrink(self, live: int) -> None:
-        """Once nothing waits, move the live rows to the front and step the smallest decoder of
-        the ladder that holds them."""
-        smaller = [d for d in self.ladder if live <= d.rows < self.decoder.rows]
+    def _admit(self, free: list[int]) -> None:
+        """Give the next rows a free slot each: their prompts' KV (prefilled ahead), first
+        tokens sampled from the prompts' last logits."""
+        ready = self.ready
+        if ready is None or self.next_row // self.n >= self.ready_first + ready.logits.shape[0]:
+            self._prefill_ahead()
+            ready = self.ready
+        last_row = (self.ready_first + ready.logits.shape[0]) * self.n  # rows this prefill holds
+        take = min(len(free), last_row - self.next_row)
+        rows = range(self.next_row, self.next_row + take)
+        self.next_row += take
+        sources = torch.tensor([r // self.n - self.ready_first for r in rows], device=self.device)
+        slot_index = torch.tensor(free[:take], device=self.device)
+        self.decoder.admit(slot_index, ready.cache, ready.mask, ready.last_positions, sources)
+        self.slot_row[slot_index] = torch.arange(rows.start, rows.stop, device=self.device)
+        self.slot_written[slot_index] = 0
+        token, log_prob = self._pick(ready.logits.index_select(0, sources))
+        self._write(slot_index, token, log_prob)
+        self.feed[slot_index, 0] = token
+
+    def _shrink(self, keep: list[int]) -> None:
+        """Once nothing waits, move the live slots ``keep`` to the front and step the smallest
+        decoder of the ladder that holds them."""
+        smaller = [d for d in self.ladder if len(keep) <= d.rows < self.decoder.rows]
         if not smaller:
             return
         target = min(smaller, key=lambda d: d.rows)
-        keep = [s for s, row in enumerate(self.row_of_slot) if row >= 0]
         keep_index = torch.tensor(keep, device=self.device)
         self.decoder.move_to_front(keep_index)
-        self.feed[: len(keep)] = self.feed.index_select(0, keep_index)
-        self.row_of_slot = [self.row_of_slot[s] for s in keep]
-        self.row_of_slot += [-1] * (target.rows - len(keep))
+        for state in (self.feed, self.slot_row, self.slot_written):
+            state[: len(keep)] = state.index_select(0, keep_index)
+        self.slot_row[len(keep) :] = self.spare
         target.slot, target.real_rows = self.decoder.slot, target.rows
         self.decoder = target
 
     def _step(self) -> None:
         decoder = self.decoder
         logits = decoder.step(self.feed[: decoder.rows])
-        live = [s for s, row in enumerate(self.row_of_slot) if row >= 0]
-        slot_index = torch.tensor(live, device=self.device)
-        token, log_prob = self._pick(logits.index_select(0, slot_index))
-        self.feed[slot_index, 0] = token
-        done = self._record([self.row_of_slot[s] for s in live], token, log_prob)
-        for slot, finished in zip(live, done, strict=True):
-            if finished:
-                self.row_of_slot[slot] = -1
+        token, log_prob = self._pick(logits)
+        self._write(slice(0, decoder.rows), token, log_prob)
+        self.feed[: decoder.rows, 0] = token

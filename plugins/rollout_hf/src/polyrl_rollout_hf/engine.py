@@ -30,7 +30,9 @@ from polyrl.api import (
     SamplingParams,
     schema_node,
 )
+from polyrl_rollout_hf.compile_cache import use_compile_cache
 from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
+from polyrl_rollout_hf.fused_step import unsupported_reason as fused_unsupported_reason
 from polyrl_rollout_hf.sampling import pick_tokens
 from polyrl_rollout_hf.static_decode import (
     MIN_LENGTH_BUCKET,
@@ -52,6 +54,7 @@ _DTYPES = {
     "float": torch.float32,
 }
 _SEED_STRIDE = 1_000_003  # separates the default sampling streams of different ranks
+CUDA_DONE_CHECK_EVERY = 8
 
 
 def engine_option(config: Any, key: str, default: Any) -> Any:
@@ -106,7 +109,11 @@ class HFRolloutEngine(RolloutEngine):
     cache on too) and ``kv_cache_memory_bytes`` (vLLM's name: the decode slots' memory budget;
     unset, it is ``gpu_memory_utilization`` x the GPU's memory less what this process holds on
     CUDA, and no budget on CPU). With continuous batching ``micro_batch_size`` caps the decode
-    slots (vLLM's ``max_num_seqs``) and the budget may lower it.
+    slots (vLLM's ``max_num_seqs``) and the budget may lower it. ``fused_step`` (``auto``: the
+    static step runs the written-out decoder layers of :mod:`polyrl_rollout_hf.fused_step` for a
+    Llama-family model, transformers' forward otherwise; ``false``: transformers' forward) and
+    ``compile`` (``auto``: on CUDA, the fused step and the sampling run through
+    ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
     """
 
@@ -154,13 +161,30 @@ class HFRolloutEngine(RolloutEngine):
         self.kv_budget_bytes = _budget_bytes(engine_option(config, "kv_cache_memory_bytes", None))
         self.gpu_memory_utilization = float(getattr(config, "gpu_memory_utilization", 0.5))
         self._slots_by_length: dict[int, int] = {}
+        fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
+        compiled = _tri_state("compile", engine_option(config, "compile", "auto"))
+        self.compiled = self.device.type == "cuda" if compiled is None else compiled
+        # How often the decode loops read back which rows ended: a read-back makes the host wait
+        # for the GPU; steps after a row ended change no output (only how far the sampling
+        # generator has advanced, so the CPU, where a read-back is free, checks every step).
+        self.done_check_every = CUDA_DONE_CHECK_EVERY if self.device.type == "cuda" else 1
+        if self.compiled:
+            use_compile_cache()
         if wanted:
             reason = unsupported_reason(self.model)
             if reason is None:
+                fused_reason = fused_unsupported_reason(self.model)
+                if fused is True and fused_reason is not None:
+                    raise ConfigError(
+                        "actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true, but the "
+                        f"fused decode step cannot run this model: {fused_reason}; use auto"
+                    )
                 self.static_decode = StaticDecodePool(
                     self.model,
                     int(ctx.pad_token_id),
                     use_graphs=self.device.type == "cuda" and graphs is not False,
+                    fused=fused is not False and fused_reason is None,
+                    compile=self.compiled,
                 )
             else:
                 logger.warning("hf rollout: eager decode loop, no static KV cache: %s", reason)
@@ -274,7 +298,17 @@ class HFRolloutEngine(RolloutEngine):
             step_fn = self._eager_step(prefill.cache, prefill.mask, positions, n)
         del prefill
         pad = int(self.ctx.pad_token_id)
-        return decode_loop(logits, step_fn, max_new, params, stop_ids, pad, generator, self.device)
+        return decode_loop(
+            logits,
+            step_fn,
+            max_new,
+            params,
+            stop_ids,
+            pad,
+            generator,
+            compiled=self.compiled,
+            check_every=self.done_check_every,
+        )
 
     @torch.inference_mode()
     def _sample_continuous(
@@ -293,7 +327,14 @@ class HFRolloutEngine(RolloutEngine):
         length = bucket(prompt_len + int(params.max_new_tokens), MIN_LENGTH_BUCKET)
         ladder = self.static_decode.ladder(self._decode_slots(length), length)
         batch = ContinuousBatch(
-            ladder, self._prefill, params, stop_ids, int(self.ctx.pad_token_id), generator
+            ladder,
+            self._prefill,
+            params,
+            stop_ids,
+            int(self.ctx.pad_token_id),
+            generator,
+            compiled=self.compiled,
+            check_every=self.done_check_every,
         )
         return batch.run(ids, mask, n)
 
@@ -396,12 +437,15 @@ def decode_loop(
     stop_ids: list[int],
     pad: int,
     generator: torch.Generator,
-    device: torch.device,
+    *,
+    compiled: bool = False,
+    check_every: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``max_new`` tokens per row from the first ``logits [rows, V]`` and ``step``
     (tokens ``[rows, 1]`` in, next logits out). A row stops after a stop token: from then on it
-    emits ``pad`` with mask 0 and log-prob 0; the loop ends once every row has stopped."""
-    rows = logits.shape[0]
+    emits ``pad`` with mask 0 and log-prob 0; the loop ends once every row has stopped, which it
+    reads back every ``check_every`` steps."""
+    rows, device = logits.shape[0], logits.device
     stops = torch.tensor(stop_ids, device=device, dtype=torch.long)
     tokens = torch.full((rows, max_new), pad, dtype=torch.long, device=device)
     log_probs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
@@ -415,13 +459,15 @@ def decode_loop(
             top_k=int(params.top_k),
             top_p=float(params.top_p),
             generator=generator,
+            compiled=compiled,
         )
         live = ~done
         tokens[:, index] = torch.where(live, token, pad)
         log_probs[:, index] = torch.where(live, log_prob, 0.0)
         response_mask[:, index] = live.long()
         done = done | (live & torch.isin(token, stops))
-        if index == max_new - 1 or bool(done.all()):
+        checked = (index + 1) % check_every == 0
+        if index == max_new - 1 or (checked and bool(done.all())):
             break
         logits = step(tokens[:, index : index + 1])
     return tokens, response_mask, log_probs

@@ -82,6 +82,44 @@ def _top_p_among_top_k(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.
     return scaled.masked_fill(~keep, neg_inf)
 
 
+def race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from ``probs [rows, V]``: the argmax of ``probs / E`` with ``E``
+    exponential (the race of exponential clocks).
+
+    This is what ``torch.multinomial(probs, 1)`` itself computes (same draws from the same
+    generator, hence the same tokens), without its check that reads the probabilities back to
+    the host: a decode step can then run on the GPU without waiting, inside a CUDA graph.
+    """
+    clocks = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / clocks).argmax(dim=-1)
+
+
+def _pick_untruncated(
+    logits: torch.Tensor, clocks: torch.Tensor | None, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy (``clocks`` None) or an untruncated draw, and the chosen tokens' log-probs."""
+    scaled = logits.float()
+    if clocks is not None:
+        scaled = scaled / temperature
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    if clocks is None:
+        tokens = scaled.argmax(dim=-1)
+    else:
+        tokens = (torch.softmax(scaled, dim=-1) / clocks).argmax(dim=-1)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_pick() -> object:
+    """:func:`_pick_untruncated` through ``torch.compile``: one or two fused passes over the
+    logits instead of a kernel per operation."""
+    if "pick" not in _COMPILED:
+        _COMPILED["pick"] = torch.compile(_pick_untruncated, fullgraph=True)
+    return _COMPILED["pick"]
+
+
 def pick_tokens(
     logits: torch.Tensor,
     *,
@@ -90,15 +128,25 @@ def pick_tokens(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens ``[rows]`` and their float32 log-probs ``[rows]`` from logits ``[rows, V]``."""
-    logits = logits.float()
-    if is_greedy(greedy, temperature):
-        tokens = logits.argmax(dim=-1)
-        log_probs = torch.log_softmax(logits, dim=-1)
-    else:
-        scaled = logits / temperature
-        log_probs = torch.log_softmax(scaled, dim=-1)
-        probs = torch.softmax(truncate_logits(scaled, top_k, top_p), dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """Next tokens ``[rows]`` and their float32 log-probs ``[rows]`` from logits ``[rows, V]``.
+
+    ``compiled``: run the untruncated cases through ``torch.compile`` (same draws and tokens up
+    to the rounding of the fused softmax; for CUDA, where each eager pass over the
+    vocabulary-wide tensors costs a kernel launch and a round trip through memory).
+    """
+    vocab = logits.shape[-1]
+    truncated = 0 < top_k < vocab or top_p < 1.0
+    if is_greedy(greedy, temperature) or not truncated:
+        clocks = None
+        if not is_greedy(greedy, temperature):
+            clocks = torch.empty(
+                logits.shape, dtype=torch.float32, device=logits.device
+            ).exponential_(generator=generator)
+        pick = _compiled_pick() if compiled else _pick_untruncated
+        return pick(logits, clocks, float(temperature))
+    scaled = logits.float() / temperature
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    tokens = race(torch.softmax(truncate_logits(scaled, top_k, top_p), dim=-1), generator)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from polyrl_rollout_hf.fused_step import FusedDecodeStep
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "polyrl_grouped_decode"
@@ -182,10 +184,12 @@ class StaticDecoder:
         pad_token_id: int,
         *,
         share: StaticDecoder | None = None,
+        fused: FusedDecodeStep | None = None,
     ):
         from transformers import StaticCache
 
         self.model = model
+        self.fused = fused
         self.rows, self.length = int(rows), int(length)
         self.pad_token_id = int(pad_token_id)
         if share is not None and (self.rows > share.rows or self.length != share.length):
@@ -315,6 +319,10 @@ class StaticDecoder:
 
     # ---- the step's forward -------------------------------------------------------------------
     def _forward(self) -> torch.Tensor:
+        if self.fused is not None:
+            caches = [(layer.keys, layer.values) for layer in self.cache.layers]
+            column = self.write_column[:1]
+            return self.fused(self.input_ids, self.position_ids, self.mask, column, caches)
         with decode_attention(self.model):
             return self.model(
                 input_ids=self.input_ids,
@@ -358,10 +366,13 @@ class StaticDecodePool:
         pad_token_id: int,
         *,
         use_graphs: bool,
+        fused: bool = False,
+        compile: bool = False,
         max_decoders: int = 4,
     ):
         _register_attention()
         self.model = model
+        self.fused = FusedDecodeStep(model, compile=compile) if fused else None
         self.pad_token_id = int(pad_token_id)
         self.use_graphs = bool(use_graphs)
         self.max_decoders = int(max_decoders)
@@ -405,7 +416,9 @@ class StaticDecodePool:
         if decoder is None:
             while len(self._decoders) >= self.max_decoders:
                 self._decoders.popitem(last=False)
-            decoder = self._ready(StaticDecoder(self.model, *key, self.pad_token_id))
+            decoder = self._ready(
+                StaticDecoder(self.model, *key, self.pad_token_id, fused=self.fused)
+            )
             self._decoders[key] = decoder
         self._decoders.move_to_end(key)
         return decoder
@@ -421,11 +434,16 @@ class StaticDecodePool:
         ladder = self._ladders.get(key)
         if ladder is None:
             self._ladders.clear()  # one KV cache of this size is enough memory to hold
-            ladder = [StaticDecoder(self.model, *key, self.pad_token_id)]
+            ladder = [StaticDecoder(self.model, *key, self.pad_token_id, fused=self.fused)]
             while ladder[-1].rows // 2 >= MIN_ROWS_BUCKET:
                 ladder.append(
                     StaticDecoder(
-                        self.model, ladder[-1].rows // 2, key[1], self.pad_token_id, share=ladder[0]
+                        self.model,
+                        ladder[-1].rows // 2,
+                        key[1],
+                        self.pad_token_id,
+                        share=ladder[0],
+                        fused=self.fused,
                     )
                 )
             for decoder in ladder:

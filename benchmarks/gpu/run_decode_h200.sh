@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 25 on one GPU: the hf rollout's CUDA tests, then generation tokens/s of the baseline code
+# (an export of an older commit under $BASELINE) and of the working tree, one process each, at the
+# issue's shapes, the length mix, and a second (warm-cache) start of the working tree's path.
+# From the repo root, after `. .device/setup.sh`:
+#   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
+#   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
+# Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
+# PARTS (tests decode mix warm: which parts to run, in that order).
+set -uo pipefail
+results=${RESULTS:-/tmp/decode-h200}
+baseline=${BASELINE:-.baseline/plugins/rollout_hf/src}
+mkdir -p "$results"
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/polyrl-user-cache}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$results/device.txt"
+for part in ${PARTS:-tests decode mix warm}; do
+    case $part in
+    tests)
+        python3 -m pytest plugins/rollout_hf/tests -q -x -k cuda 2>&1 | tail -15 |
+            tee "$results/cuda_tests.log" ;;
+    decode)
+        for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512"; do
+            set -- $shape_rows
+            for side in baseline current; do
+                source_arg=()
+                [ $side = baseline ] && source_arg=(--source "$baseline")
+                python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
+                    --max-new-tokens "$3" --runs 3 --label "$side" "${source_arg[@]}" \
+                    --greedy-out "$results/greedy_${1}_${3}_$side.pt" \
+                    --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
+            done
+            python3 -c "import torch,sys; a,b=(torch.load(f'$results/greedy_${1}_${3}_'+s+'.pt') for s in ('baseline','current')); print('greedy rows equal:', int((a==b).all(1).sum()), 'of', a.shape[0])"
+        done 2>&1 | tee "$results/decode.log" ;;
+    mix)
+        for side in baseline current; do
+            source_arg=()
+            [ $side = baseline ] && source_arg=(--source "$baseline")
+            python3 benchmarks/gpu/bench_length_mix.py --shape qwen2-0.5b --device cuda \
+                --prompts 128 --n 8 --slots 256 --max-new-tokens 256 --prompt-len 64 --runs 3 \
+                --label "$side" "${source_arg[@]}" --json "$results/length_mix.jsonl" 2>&1 |
+                grep -v "Loading weights\|Writing model"
+        done 2>&1 | tee "$results/length_mix.log" ;;
+    warm)  # the same shape again: compiled artefacts now come from the user's cache folder
+        python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
+            --max-new-tokens 256 --runs 1 --label current-warm-cache \
+            --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model" |
+            tee "$results/warm.log" ;;
+    profile)
+        python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
+            --max-new-tokens 64 --runs 1 --label profile --profile "$results" 2>&1 |
+            grep -v "Loading weights\|Writing model" | tail -40 ;;
+    esac
+done

@@ -1,0 +1,201 @@
+"""The decode step of Llama-family models (Qwen2, Llama, Mistral) written out, compiled on CUDA.
+
+Why: replayed as a CUDA graph, the transformers forward of one decode step still runs every small
+kernel it launches (an RMSNorm is six, a rotary embedding about ten), and at a few microseconds
+each these, not the weights' bytes or the FLOPs, set the step time of a small model. Here the same
+arithmetic is written as two functions per decoder layer, the one before attention (norm, q/k/v
+projections, rotary embedding) and the one after it (output projection, residual, norm, gated
+MLP, residual), which Inductor fuses into a few kernels each; the KV-cache write and SDPA run
+between them unchanged. Every layer calls the same two compiled graphs (weights are arguments),
+so compiling costs two small graphs, not a model, and Inductor's on-disk caches
+(:mod:`polyrl_rollout_hf.compile_cache`) make a later run's compile a cache load.
+
+The operations and their order are transformers' (``Qwen2RMSNorm``, ``apply_rotary_pos_emb``,
+``Qwen2MLP``, and the grouped-query attention of
+:func:`~polyrl_rollout_hf.static_decode.grouped_decode_attention`), so the step computes what the
+model's own forward computes; on CPU it runs uncompiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+# model_type values whose decoder layers are exactly the block below (no extra norms, scaled
+# embeddings, soft caps or sliding windows): transformers' Qwen2, Llama and Mistral classes.
+LLAMA_FAMILY = ("qwen2", "llama", "mistral")
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, as the model holds them (biases may be None)."""
+
+    norm_in: torch.Tensor
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    norm_mid: torch.Tensor
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the fused step cannot run ``model``, or None when it can."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in LLAMA_FAMILY:
+        return f"model_type {kind!r} (the fused step knows {', '.join(LLAMA_FAMILY)})"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act {config.hidden_act!r} (needs silu)"
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if set(layer_types) != {"full_attention"} or getattr(config, "use_sliding_window", False):
+        return "sliding-window attention layers"
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(model, "lm_head") or not hasattr(body, "rotary_emb"):
+        return "no model.model / lm_head / rotary_emb"
+    for layer in body.layers:
+        attention = layer.self_attn
+        if any(hasattr(attention, name) for name in ("q_norm", "k_norm", "sinks")):
+            return "attention with q/k norms or sinks"
+        if not all(hasattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+            return "a decoder layer without a gated MLP"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalised in float32, cast back, then scaled."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of ``x [rows, heads, D]`` with ``cos``/``sin [rows, 1, D]``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def before_attention(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    w: LayerWeights,
+    eps: float,
+    kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped queries ``[rows, KV, H/KV, D]``, and the new key and value ``[rows, KV, 1, D]``."""
+    rows = x.shape[0]
+    h = rms_norm(x, w.norm_in, eps)
+    q = rotate(F.linear(h, w.q, w.q_bias).view(rows, -1, head_dim), cos, sin)
+    k = rotate(F.linear(h, w.k, w.k_bias).view(rows, kv_heads, head_dim), cos, sin)
+    v = F.linear(h, w.v, w.v_bias).view(rows, kv_heads, 1, head_dim)
+    return q.view(rows, kv_heads, -1, head_dim), k.unsqueeze(2), v
+
+
+def after_attention(
+    x: torch.Tensor, attention: torch.Tensor, w: LayerWeights, eps: float
+) -> torch.Tensor:
+    """The layer's output from its input ``x [rows, hidden]`` and attention ``[rows, H * D]``."""
+    x = x + F.linear(attention, w.o, w.o_bias)
+    h = rms_norm(x, w.norm_mid, eps)
+    gated = F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias)
+    return x + F.linear(gated, w.down, w.down_bias)
+
+
+def final_logits(
+    x: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float
+) -> torch.Tensor:
+    return F.linear(rms_norm(x, norm, eps), head)
+
+
+def _bias(linear: torch.nn.Module) -> torch.Tensor | None:
+    return linear.bias
+
+
+class FusedDecodeStep:
+    """The decode step of one Llama-family model over caller-owned static KV tensors.
+
+    ``compile`` runs the per-layer functions through ``torch.compile`` (Inductor) on first use;
+    the graphs are shared by every layer and, after one recompile with a dynamic row count, by
+    every decoder shape. Weights are read from the model's modules at each call: an in-place
+    update reaches the next step (and a CUDA graph captured over it) without any copy.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, compile: bool):
+        self.model = model
+        body = model.model
+        self.body = body
+        first = body.layers[0].self_attn
+        self.eps = float(body.norm.variance_epsilon)
+        self.scaling = float(first.scaling)
+        self.layer_eps = [float(layer.input_layernorm.variance_epsilon) for layer in body.layers]
+        self.before: Callable[..., Any] = before_attention
+        self.after: Callable[..., Any] = after_attention
+        self.head: Callable[..., Any] = final_logits
+        if compile:
+            self.before = torch.compile(before_attention, fullgraph=True)
+            self.after = torch.compile(after_attention, fullgraph=True)
+            self.head = torch.compile(final_logits, fullgraph=True)
+
+    @staticmethod
+    def _weights(layer: torch.nn.Module) -> LayerWeights:
+        attention, mlp = layer.self_attn, layer.mlp
+        return LayerWeights(
+            layer.input_layernorm.weight,
+            attention.q_proj.weight,
+            _bias(attention.q_proj),
+            attention.k_proj.weight,
+            _bias(attention.k_proj),
+            attention.v_proj.weight,
+            _bias(attention.v_proj),
+            attention.o_proj.weight,
+            _bias(attention.o_proj),
+            layer.post_attention_layernorm.weight,
+            mlp.gate_proj.weight,
+            _bias(mlp.gate_proj),
+            mlp.up_proj.weight,
+            _bias(mlp.up_proj),
+            mlp.down_proj.weight,
+            _bias(mlp.down_proj),
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        column: torch.Tensor,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Logits ``[rows, 1, V]`` after feeding ``input_ids [rows, 1]`` at ``position_ids
+        [rows, 1]``; each layer's key and value are written at cache column ``column [1]`` of
+        its ``(keys, values) [rows, KV, L, D]`` and attention reads the columns ``mask [rows, 1,
+        1, L]`` allows."""
+        x = self.body.embed_tokens(input_ids)  # [rows, 1, hidden]
+        cos, sin = self.body.rotary_emb(x, position_ids)  # [rows, 1, D]
+        x = x.squeeze(1)
+        layers = zip(self.body.layers, self.layer_eps, caches, strict=True)
+        for layer, eps, (keys, values) in layers:
+            w = self._weights(layer)  # read each call: a replaced parameter is seen at once
+            kv_heads, head_dim = keys.shape[1], keys.shape[3]
+            q, k, v = self.before(x, cos, sin, w, eps, kv_heads, head_dim)
+            keys.index_copy_(2, column, k)
+            values.index_copy_(2, column, v)
+            attention = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling
+            )
+            x = self.after(x, attention.reshape(x.shape[0], -1), w, eps)
+        return self.head(x, self.body.norm.weight, self.model.lm_head.weight, self.eps).unsqueeze(1)
