@@ -145,9 +145,15 @@ class RunPlan:
         prefix = PluginKind.LOGGER.config_key + "["
         return [reg for key, reg in self.plugins.items() if key.startswith(prefix)]
 
+    def reward_roles(self) -> dict[str, Any]:
+        """The worker roles the reward provider scores through (``RewardProviderSpec.roles``)."""
+        provider = self.plugins.get(PluginKind.REWARD_PROVIDER.config_key)
+        return provider.spec.worker_roles(self.cfg) if provider is not None else {}
+
     def worker_plan(self) -> WorkerPlan:
         registrations = {(reg.kind, reg.name): reg for reg in self.plugins.values()}
-        return WorkerPlan(registrations, dict(self.algorithm.spec.role_classes))
+        role_classes = {**self.algorithm.spec.role_classes, **self.reward_roles()}
+        return WorkerPlan(registrations, role_classes)
 
     def describe(self) -> str:
         """The whole plan: plugins, stages, pools."""
@@ -224,8 +230,10 @@ def select_plugins(
                 plugins[f"{kind.config_key}[{i}]"] = registry.get(kind, name)
         else:
             plugins[kind.config_key] = registry.get(kind, str(value))
-    plugin_keys = getattr(algorithm.spec, "plugin_keys", {}) if algorithm else {}
-    for key, kind in dict(plugin_keys or {}).items():
+    plugin_keys = dict(getattr(algorithm.spec, "plugin_keys", {}) if algorithm else {})
+    provider = plugins.get(PluginKind.REWARD_PROVIDER.config_key)
+    plugin_keys.update(getattr(provider.spec, "plugin_keys", {}) if provider else {})
+    for key, kind in plugin_keys.items():
         name = OmegaConf.select(cfg, key)
         if name:
             plugins[key] = registry.get(PluginKind(kind), str(name))
@@ -246,6 +254,7 @@ def assemble(cfg: Any, registry: Registry | None = None, *, check: bool = True) 
     pipeline = _build_pipeline(cfg, algorithm)
     plan = RunPlan(cfg=cfg, algorithm=algorithm, plugins=plugins, pipeline=pipeline)
     pipeline.bind(plan)
+    pipeline.add_roles(plan.reward_roles())
     if not check:
         return plan
     plan.problems = [

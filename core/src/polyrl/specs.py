@@ -262,14 +262,29 @@ class RewardProviderSpec(_Spec):
     """A reward provider: a :class:`polyrl.interfaces.RewardProvider` subclass or import string.
 
     ``data_sources`` lists the ``data_source`` values it scores natively (empty: any).
+
+    ``roles`` (optional; a callable or import string) is ``roles(cfg) -> {role: Role subclass or
+    import string}``: the worker roles the provider scores through under the composed config
+    ``cfg`` (a judge model served by an engine on the workers). The run plan places them like
+    the step's own roles (``trainer.role_pools``; the global pool by default) and the trainer
+    hands the provider the driver's handle on the workers
+    (:meth:`polyrl.interfaces.RewardProvider.attach_workers`). It runs in the driver and in
+    ``polyrl validate``: keep it light. ``plugin_keys``: as :attr:`AlgorithmSpec.plugin_keys`,
+    config keys naming plugins those roles build (the judge's rollout engine).
     """
 
     provider: type | str = ""
     data_sources: tuple[str, ...] = field(default_factory=tuple)
     config_class: type | str | None = None
+    roles: Callable[..., Mapping[str, type | str]] | str | None = None
+    plugin_keys: Mapping[str, str] = field(default_factory=dict)
 
     def capability_flags(self) -> dict[str, Any]:
         return {"data_sources": list(self.data_sources)} if self.data_sources else {}
+
+    def worker_roles(self, cfg: Any) -> dict[str, type | str]:
+        """``roles(cfg)``: the worker roles the provider uses under ``cfg`` (none by default)."""
+        return dict(resolve_object(self.roles)(cfg)) if self.roles else {}
 
     def load(self) -> type:
         return resolve_object(self.provider)

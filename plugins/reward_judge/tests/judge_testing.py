@@ -1,6 +1,6 @@
 """Helpers of the judge's tests: the ``reward_model`` node a run would pass (the installed
-schema with ``reward_model.judge`` mounted), samples, and a loopback OpenAI-compatible judge
-server."""
+schema with ``reward_model.judge`` mounted), samples, the ``judge`` role built in this process
+with a provider attached to it, and a loopback OpenAI-compatible judge server."""
 
 from __future__ import annotations
 
@@ -12,13 +12,49 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from omegaconf import OmegaConf
 
-from polyrl.api import RewardContext, RewardSample
-from polyrl.api.testing import schema_config
+from polyrl.api import Batch, PluginKind, RewardContext, RewardSample, RoleContext
+from polyrl.api.testing import ScriptedRoles, schema_config, worker_plan
+from polyrl_reward_judge.provider import JudgeReward
+from polyrl_reward_judge.role import JudgeRole
+
+
+def judge_config(**judge):
+    return OmegaConf.merge(schema_config(), {"reward_model": {"judge": judge}})
 
 
 def judge_context(**judge) -> RewardContext:
-    cfg = OmegaConf.merge(schema_config(), {"reward_model": {"judge": judge}})
+    cfg = judge_config(**judge)
     return RewardContext(cfg.reward_model, cfg.custom_reward_function, seed=0)
+
+
+def judge_role(**judge) -> JudgeRole:
+    """The ``judge`` role of one worker (rank 0 of 1, CPU), its engine from the worker plan."""
+    cfg = judge_config(**judge)
+    return JudgeRole(
+        RoleContext(
+            role="judge",
+            cfg=cfg,
+            model_path=str(judge["model_path"]),
+            rank=0,
+            world_size=1,
+            device="cpu",
+            plan=worker_plan(cfg, kinds=(PluginKind.ROLLOUT_ENGINE,)),
+        )
+    )
+
+
+def on_role(role: JudgeRole, *, dp_size: int = 1, **judge) -> tuple[JudgeReward, list[Batch]]:
+    """A provider whose ``judge.judge`` calls are answered by ``role`` (as the gathered result of
+    ``dp_size`` ranks), and the batches the role received."""
+    received: list[Batch] = []
+
+    def answer(batch: Batch) -> Batch:
+        received.append(batch)
+        return role.judge(batch)
+
+    reward = JudgeReward(judge_context(**judge))
+    reward.attach_workers(ScriptedRoles({"judge.judge": answer}, {"judge": dp_size}))
+    return reward, received
 
 
 def samples(responses: list[str]) -> list[RewardSample]:

@@ -2,7 +2,8 @@
 first: ``builtin:tiny`` fine-tuned in plain torch to reply "Score: 1" to a judge prompt whose
 response contains the digit 7 and "Score: 0" otherwise. Then ``polyrl train recipe=tiny
 reward_model.reward_manager=judge`` runs on 2 CPU workers over Ray with that judge served by
-the hf rollout engine in the driver: the judged score of the policy's samples must rise.
+the hf rollout engine in the worker role ``judge``: in the actor's pool the judged score of the
+policy's samples must rise; on a pool of its own the judge must give the same verdicts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from polyrl.api import resolve_model_path
+from polyrl.testing.cli import run_polyrl
 
 pytestmark = pytest.mark.slow
 
@@ -85,61 +86,82 @@ def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: flo
 
 
 def judge_accuracy(judge: Path, n: int = 64) -> float:
-    """Share of held-out random responses the judge grades right, through the provider."""
-    from judge_testing import judge_context, samples
+    """Share of held-out random responses the judge grades right, through the provider and the
+    ``judge`` role built in this process."""
+    from judge_testing import judge_role, on_role, samples
     from transformers import AutoTokenizer
-
-    from polyrl_reward_judge.provider import JudgeReward
 
     tokenizer = AutoTokenizer.from_pretrained(judge)
     rng = random.Random(1)
     seven = tokenizer.convert_tokens_to_ids("7")
     responses = [random_response(tokenizer, rng, seven) for _ in range(n)]
-    reward = JudgeReward(
-        judge_context(
-            model_path=str(judge),
-            template=TEMPLATE,
-            score_max=1.0,
-            max_new_tokens=6,
-            max_unparsed_frac=1.0,
-        )
-    )
+    settings = {"model_path": str(judge), "template": TEMPLATE, "max_new_tokens": 6}
+    role = judge_role(**settings)
+    reward, _ = on_role(role, score_max=1.0, max_unparsed_frac=1.0, **settings)
     try:
         results = reward.score(samples(responses))
     finally:
-        reward.close()
+        role.shutdown()
     return sum(r.score == float("7" in t) for r, t in zip(results, responses)) / n
 
 
-def test_the_policy_learns_what_the_judge_prefers(tmp_path: Path) -> None:
-    judge = make_judge(tmp_path / "judge")
-    accuracy = judge_accuracy(judge)
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory) -> Path:
+    made = make_judge(tmp_path_factory.mktemp("judge") / "judge")
+    accuracy = judge_accuracy(made)
+    print(f"\njudge accuracy {accuracy:.0%}", file=sys.stderr)
     assert accuracy > 0.9, f"the judge itself grades only {accuracy:.0%} right"
+    return made
 
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "polyrl", "train", "recipe=tiny",
-            "reward_model.reward_manager=judge",
-            f"reward_model.judge.model_path={judge}",
-            f"reward_model.judge.template='{TEMPLATE}'",
-            "reward_model.judge.score_max=1.0",
-            "reward_model.judge.max_new_tokens=6",
-            f"trainer.total_training_steps={STEPS}",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
-            "trainer.save_freq=-1",
-            "trainer.logger=[jsonl]",
-            f"trainer.default_local_dir={out}",
-        ],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+
+def train(judge: Path, out: Path, steps: int, *placement: str) -> list[dict]:
+    """``polyrl train recipe=tiny`` judged by ``judge`` for ``steps`` steps; its metrics."""
+    proc = run_polyrl(
+        {**os.environ, "PYTHONUNBUFFERED": "1"},
+        "train",
+        "recipe=tiny",
+        "reward_model.reward_manager=judge",
+        f"reward_model.judge.model_path={judge}",
+        f"reward_model.judge.template='{TEMPLATE}'",
+        "reward_model.judge.score_max=1.0",
+        "reward_model.judge.max_new_tokens=6",
+        *placement,
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={out}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def shared_pool_run(judge, tmp_path_factory) -> list[dict]:
+    """The judge role beside the actor, rollout and reference on the 2 workers of the global
+    pool (the default placement)."""
+    return train(judge, tmp_path_factory.mktemp("shared") / "run", STEPS)
+
+
+def test_the_policy_learns_what_the_judge_prefers(shared_pool_run) -> None:
+    records = shared_pool_run
     scores = [r[SCORE] for r in records if SCORE in r]
     unparsed = [r["reward_extra/judge_unparsed/mean"] for r in records if SCORE in r]
-    print(f"\njudge accuracy {accuracy:.0%}; judged score per step {scores}", file=sys.stderr)
+    print(f"\njudged score per step {scores}", file=sys.stderr)
     assert len(scores) == STEPS and max(unparsed) <= 0.1, unparsed
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
     assert last > first + 0.2, scores
+
+
+def test_the_judge_runs_on_a_pool_of_its_own(judge, shared_pool_run, tmp_path) -> None:
+    """``trainer.role_pools.judge`` puts the judge on a worker of its own: the same samples (same
+    seeds) get the same verdicts as from the two judges of the shared pool."""
+    own = ("trainer.role_pools.judge=judge_pool", "trainer.resource_pools.judge_pool=1")
+    (record,) = train(judge, tmp_path / "run", 1, *own)
+    assert record[SCORE] == pytest.approx(shared_pool_run[0][SCORE], abs=1e-6)
+    assert (
+        record["reward_extra/judge_unparsed/mean"]
+        == shared_pool_run[0]["reward_extra/judge_unparsed/mean"]
+    )

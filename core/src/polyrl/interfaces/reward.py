@@ -44,10 +44,19 @@ class RewardContext:
 
 
 class RewardProvider(ABC):
-    """Scores batches of samples. Runs in the driver process."""
+    """Scores batches of samples. Runs in the driver process; a provider whose spec declares
+    worker roles (``RewardProviderSpec.roles``) reaches them through :attr:`workers`."""
+
+    workers: Any = None
 
     def __init__(self, ctx: RewardContext) -> None:
         self.ctx = ctx
+
+    def attach_workers(self, workers: Any) -> None:
+        """Called by the trainer once the worker groups are up (again after a restart) with the
+        driver's handle on them (``workers.call(role, method, batch, dispatch=...)``,
+        ``workers.dp_size(role)``), before the first score."""
+        self.workers = workers
 
     @abstractmethod
     def score(self, samples: list[RewardSample]) -> list[RewardResult]:

@@ -131,6 +131,7 @@ class StepPipeline:
         self, stages: Iterable[Stage], *, initial_keys: Iterable[str] = PROMPT_BATCH_KEYS
     ) -> None:
         self.initial_keys = tuple(initial_keys)
+        self.extra_roles: tuple[str, ...] = ()
         self.stages: list[Stage] = []
         for stage in stages:
             self._add(len(self.stages), stage)
@@ -183,11 +184,17 @@ class StepPipeline:
         for stage in self.stages:
             stage.bind(plan)
 
+    def add_roles(self, roles: Iterable[str]) -> None:
+        """Roles the step reaches through a plugin its stages call rather than by a stage's own
+        call (a reward provider's judge): placed and started like the stages' roles."""
+        self.extra_roles = tuple(dict.fromkeys((*self.extra_roles, *roles)))
+
     def roles(self) -> tuple[str, ...]:
-        """The worker roles the stages call, in first-use order."""
+        """The worker roles the stages call, in first-use order, then :meth:`add_roles`'."""
         seen: dict[str, None] = {}
         for stage in self.stages:
             seen.update(dict.fromkeys(stage.roles))
+        seen.update(dict.fromkeys(self.extra_roles))
         return tuple(seen)
 
     def check(self, initial_keys: Iterable[str] | None = None) -> list[str]:

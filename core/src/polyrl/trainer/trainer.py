@@ -254,6 +254,7 @@ class RLTrainer:
             tokens={"pad_token_id": self.tokenizer.pad_token_id, "eos_token_ids": eos_ids},
             plan=self.plan.worker_plan(),
         )
+        self.reward.attach_workers(self.workers)
         self.context = StepContext(
             cfg=self.cfg,
             workers=self.workers,

@@ -42,7 +42,6 @@ def _check_rollout(c: Checker) -> None:
             f"{SECTION}.model_path is not set: the rollout backend serves the judge model "
             f"from it, e.g. {SECTION}.model_path=builtin:tiny or a Hugging Face folder"
         )
-    c.choice(f"{SECTION}.device", ("cpu", "cuda"))
     c.number(f"{SECTION}.max_prompt_tokens", at_least(1), ">= 1", integer=True)
     name = c.get(f"{SECTION}.rollout")
     installed = c.registry.names(PluginKind.ROLLOUT_ENGINE)

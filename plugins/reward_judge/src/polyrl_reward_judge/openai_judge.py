@@ -72,5 +72,8 @@ class OpenAIJudge:
             return Unparsed("judge reply has no message content")
         return content
 
+    def attach_workers(self, workers: Any) -> None:
+        """The endpoint is not on the run's workers: nothing to attach."""
+
     def close(self) -> None:
         """Nothing held between steps."""

@@ -1,7 +1,8 @@
 """The ``judge`` reward provider: each response is scored by a judge model's verdict.
 
 It runs in the driver and receives the whole step's samples at once, so every judge prompt of
-a step goes to the backend together (one generate call, or requests in parallel). An unparsed
+a step goes to the backend together (one generate call per rank of the ``judge`` role, or
+requests in parallel). An unparsed
 verdict scores ``reward_model.failure_score`` (0.0 by default) with ``RewardResult.error``
 set, so polyrl's reward stage counts it (``reward/errors``, and ``max_failure_rate`` over
 steps), and ``reward_extra/judge_unparsed/mean`` logs the step's share; a step with more than
@@ -27,7 +28,11 @@ class JudgeReward(RewardProvider):
         super().__init__(ctx)
         self.settings = ctx.reward_model.judge
         self.failure_score = float(ctx.reward_model.failure_score)
-        self.backend = make_backend(self.settings, int(ctx.seed))
+        self.backend = make_backend(self.settings)
+
+    def attach_workers(self, workers: Any) -> None:
+        super().attach_workers(workers)
+        self.backend.attach_workers(workers)
 
     def score(self, samples: list[RewardSample]) -> list[RewardResult]:
         if not samples:
@@ -51,15 +56,16 @@ class JudgeReward(RewardProvider):
         self.backend.close()
 
 
-def make_backend(settings: Any, seed: int) -> Any:
-    """The backend object: ``judge(prompts) -> list[str | Unparsed]`` and ``close()``."""
+def make_backend(settings: Any) -> Any:
+    """The backend object: ``judge(prompts) -> list[str | Unparsed]``,
+    ``attach_workers(workers)`` and ``close()``."""
     if settings.backend == "openai":
         from polyrl_reward_judge.openai_judge import OpenAIJudge
 
         return OpenAIJudge(settings)
-    from polyrl_reward_judge.rollout_judge import RolloutJudge
+    from polyrl_reward_judge.worker_judge import WorkerJudge
 
-    return RolloutJudge(settings, seed)
+    return WorkerJudge()
 
 
 def check_unparsed(

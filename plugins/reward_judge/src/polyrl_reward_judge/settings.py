@@ -9,6 +9,8 @@ SECTION = "reward_model.judge"
 BACKENDS = ("rollout", "openai")
 VERDICTS = ("score", "pass_fail", "json")
 PLACEHOLDERS = ("question", "response", "reference", "rubric")
+# The role's batch fields (text): the rendered judge prompts in, the judge's replies out.
+PROMPT_KEY, REPLY_KEY = "judge_prompt", "judge_reply"
 
 DEFAULT_TEMPLATE = (
     "You are grading a response to a question.\n"
@@ -29,15 +31,15 @@ class JudgeSettings:
     parsed scores 0.0 but is counted, never hidden: over ``max_unparsed_frac`` of a step's
     verdicts unparsed stops the run."""
 
-    # rollout: a judge model served in the driver by a polyrl rollout engine | openai: an
+    # rollout: a judge model served by a polyrl rollout engine in the worker role `judge`
+    # (placed by trainer.role_pools.judge; the actor's pool by default) | openai: an
     # OpenAI-compatible endpoint (vLLM, SGLang, a hosted API) through /v1/chat/completions
     backend: str = "rollout"
-    # rollout backend: the rollout engine by name (actor_rollout_ref.rollout.name's values)
-    rollout: str = "hf"
+    # rollout backend: the rollout engine by name (default: the policy's)
+    rollout: str = "${actor_rollout_ref.rollout.name}"
     # rollout backend: the judge model, any form actor_rollout_ref.model.path accepts
     model_path: str | None = None
     dtype: str = "float32"  # rollout backend: the judge engine's dtype
-    device: str = "cpu"  # rollout backend: cpu | cuda
     # openai backend: the endpoint (e.g. http://127.0.0.1:8000/v1), the served model's name,
     # and the environment variable holding the API key (the key itself never enters a config)
     base_url: str | None = None
