@@ -145,7 +145,11 @@ class ContinuousBatch:
         self.next_row, self.rows = 0, rows
         self.ready: Prefill | None = None
         self.ready_first = 0  # the first prompt of ``ready``
-        self.decoder.slot = 0
+        # The first prompts end just before the column of the longest prompt's length (left
+        # padding shared by every prompt is trimmed by the prefill) and their tokens follow, so
+        # until the write column wraps every live column lies below it (the decoder's span).
+        used = prompt_mask.any(dim=0).nonzero()
+        self.decoder.slot = input_ids.shape[1] - (int(used[0]) if used.numel() else 0)
         self.decoder.real_rows = slots
         refill_at = max(1, slots // REFILL_SHARE)
         while True:

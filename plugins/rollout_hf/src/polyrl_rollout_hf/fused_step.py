@@ -179,11 +179,15 @@ class FusedDecodeStep:
         mask: torch.Tensor,
         column: torch.Tensor,
         caches: list[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        span: int | None = None,
     ) -> torch.Tensor:
         """Logits ``[rows, 1, V]`` after feeding ``input_ids [rows, 1]`` at ``position_ids
         [rows, 1]``; each layer's key and value are written at cache column ``column [1]`` of
         its ``(keys, values) [rows, KV, L, D]`` and attention reads the columns ``mask [rows, 1,
-        1, L]`` allows."""
+        1, L]`` allows among the first ``span`` (all by default: the caller knows that no row
+        attends past it)."""
+        mask = mask[..., :span]
         x = self.body.embed_tokens(input_ids)  # [rows, 1, hidden]
         cos, sin = self.body.rotary_emb(x, position_ids)  # [rows, 1, D]
         x = x.squeeze(1)
@@ -195,7 +199,7 @@ class FusedDecodeStep:
             keys.index_copy_(2, column, k)
             values.index_copy_(2, column, v)
             attention = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling
+                q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=self.scaling
             )
             x = self.after(x, attention.reshape(x.shape[0], -1), w, eps)
         return self.head(x, self.body.norm.weight, self.model.lm_head.weight, self.eps).unsqueeze(1)

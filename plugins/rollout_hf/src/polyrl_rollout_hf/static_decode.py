@@ -62,6 +62,16 @@ def bucket(value: int, minimum: int) -> int:
     return size
 
 
+SPAN_PARTS = 4
+
+
+def span_sizes(length: int) -> list[int]:
+    """The attention spans of a ``length``-column cache: its quarters, rounded up to 16
+    columns (the alignment SDPA's kernels want of a mask)."""
+    sizes = {min(length, -(-length * part // SPAN_PARTS // 16) * 16) for part in range(1, 5)}
+    return sorted(sizes)
+
+
 def grouped_decode_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -225,8 +235,11 @@ class StaticDecoder:
             self.position_ids = share.position_ids[: self.rows]
             self.mask = share.mask[: self.rows]
         self.mask2d = self.mask.view(self.rows, self.length)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
+        # The fused step reads only the first ``span`` columns while the write column has not
+        # yet gone past them; the model's own forward always reads all of them.
+        self.spans = span_sizes(self.length) if fused is not None else [self.length]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
         self.real_rows = 0
         self.slot = 0
 
@@ -304,25 +317,36 @@ class StaticDecoder:
         batcher (:mod:`polyrl_rollout_hf.continuous`) places each row's tokens so that a row's
         own span of at most ``length`` slots is never overwritten."""
         column = self.slot % self.length
+        span = self.span()
         self.input_ids[: self.real_rows].copy_(tokens)
         self.mask2d[:, column] = True  # the token written at this slot sees itself
         self.write_column.fill_(column)
         self.slot += 1
-        if self.graph is not None:
+        if self.graphs:
             with torch.cuda.device(self.input_ids.device):  # replay on the graph's GPU
-                self.graph.replay()
-            logits = self.logits
+                self.graphs[span].replay()
+            logits = self.outputs[span]
         else:
-            logits = self._forward()
+            logits = self._forward(span)
         self.position_ids.add_(1)
         return logits[: self.real_rows, -1, :]
 
+    def span(self) -> int:
+        """The cache columns the next step must read: every column written since the last
+        :meth:`load` (or the start of a continuous run) lies below ``slot`` until the write
+        column wraps, and the step writes column ``slot``; after a wrap, all of them."""
+        if self.slot >= self.length:
+            return self.length
+        return next(span for span in self.spans if span > self.slot)
+
     # ---- the step's forward -------------------------------------------------------------------
-    def _forward(self) -> torch.Tensor:
+    def _forward(self, span: int) -> torch.Tensor:
         if self.fused is not None:
             caches = [(layer.keys, layer.values) for layer in self.cache.layers]
             column = self.write_column[:1]
-            return self.fused(self.input_ids, self.position_ids, self.mask, column, caches)
+            return self.fused(
+                self.input_ids, self.position_ids, self.mask, column, caches, span=span
+            )
         with decode_attention(self.model):
             return self.model(
                 input_ids=self.input_ids,
@@ -333,9 +357,10 @@ class StaticDecoder:
             ).logits
 
     def capture(self, warmup: int = 2) -> None:
-        """Record the decode step as a CUDA graph (after ``warmup`` eager runs on a side stream,
-        as CUDA graph capture requires). The cache contents these runs write are dummies:
-        :meth:`load` sets every slot a call reads."""
+        """Record the decode step as one CUDA graph per span (after ``warmup`` eager runs on a
+        side stream, as CUDA graph capture requires). The cache contents these runs write are
+        dummies: :meth:`load` sets every slot a call reads. The graphs share one memory pool:
+        they never run at once, and a step's logits are read before the next step runs."""
         with torch.cuda.device(self.input_ids.device):  # the engine's GPU, not the current one
             self.write_column.zero_()
             self.mask2d.zero_()
@@ -344,13 +369,16 @@ class StaticDecoder:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(warmup):
-                    self._forward()
+                    for span in self.spans:
+                        self._forward(span)
             torch.cuda.current_stream().wait_stream(stream)
-            self.write_column.zero_()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.logits = self._forward()
-        self.graph = graph
+            pool = torch.cuda.graph_pool_handle()
+            for span in self.spans:
+                self.write_column.zero_()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[span] = self._forward(span)
+                self.graphs[span] = graph
 
 
 class StaticDecodePool:
