@@ -304,3 +304,17 @@ def test_a_step_whose_generation_cannot_be_chunked_is_refused() -> None:
     pipeline = StepPipeline([Episodes(), Train(), SyncWeightsStage()], initial_keys=())
     with pytest.raises(ConfigError, match="partial_rollout=off"):
         PartialRolloutSchedule(cfg("continue", 2), pipeline)
+
+
+def test_validation_holds_generation_with_the_rollout_at_the_actors_weights() -> None:
+    roles, sched = ChunkRoles(), schedule("continue", k=2)
+    ctx = context(roles, Prompts())
+    run_steps(sched, ctx, range(1, 3), last=6)
+    sched.before_validation(ctx)
+    assert roles.rollout == roles.actor == 2 and sched._pause
+    chunks = sum(event[0] == "chunk" for event in roles.events)
+    time.sleep(0.2)
+    assert sum(event[0] == "chunk" for event in roles.events) == chunks
+    run_steps(sched, ctx, range(3, 7), last=6)  # the next step lets generation go on
+    check_batches(roles, k=2)
+    assert [step for step, _, _ in trained(roles)] == list(range(1, 7))

@@ -45,12 +45,16 @@ class PartialSamples:
 
     @classmethod
     def start(cls, prompts: Batch, n: int, max_new_tokens: int) -> PartialSamples:
-        rows = len(prompts) * int(n)
+        rows = range(len(prompts) * int(n))
         return cls(
-            prompts, int(n), int(max_new_tokens),
-            [[] for _ in range(rows)], [[] for _ in range(rows)], [[] for _ in range(rows)],
-            [False] * rows,
-        )  # fmt: skip
+            prompts,
+            int(n),
+            int(max_new_tokens),
+            tokens=[[] for _ in rows],
+            log_probs=[[] for _ in rows],
+            versions=[[] for _ in rows],
+            done=[False for _ in rows],
+        )
 
     def unfinished(self) -> list[int]:
         return [row for row, done in enumerate(self.done) if not done]
@@ -130,9 +134,12 @@ class PartialSamples:
             raise ValueError(f"{len(self.unfinished())} samples are unfinished")
         samples = list(zip(self.tokens, self.log_probs, strict=True))
         batch = assemble_rollout(
-            self.prompts, samples, n=self.n, max_new_tokens=self.max_new_tokens,
+            self.prompts,
+            samples,
+            n=self.n,
+            max_new_tokens=self.max_new_tokens,
             pad_token_id=pad_token_id,
-        )  # fmt: skip
+        )
         versions = torch.full((len(self.tokens), self.max_new_tokens), NO_TOKEN, dtype=torch.long)
         for row, row_versions in enumerate(self.versions):
             versions[row, : len(row_versions)] = torch.tensor(row_versions, dtype=torch.long)
@@ -155,9 +162,13 @@ class PartialSamples:
     @classmethod
     def from_state_dict(cls, prompts: Batch, state: dict[str, Any]) -> PartialSamples:
         return cls(
-            prompts, int(state["n"]), int(state["max_new_tokens"]),
-            [list(map(int, t)) for t in state["tokens"]],
-            [list(map(float, p)) for p in state["log_probs"]],
-            [list(map(int, v)) for v in state["versions"]],
-            [bool(d) for d in state["done"]], int(state["chunks"]), int(state["aborted"]),
-        )  # fmt: skip
+            prompts,
+            int(state["n"]),
+            int(state["max_new_tokens"]),
+            tokens=[list(map(int, t)) for t in state["tokens"]],
+            log_probs=[list(map(float, p)) for p in state["log_probs"]],
+            versions=[list(map(int, v)) for v in state["versions"]],
+            done=[bool(d) for d in state["done"]],
+            chunks=int(state["chunks"]),
+            aborted=int(state["aborted"]),
+        )

@@ -111,7 +111,7 @@ def token_staleness_metrics(batch: Batch, actor_version: int, bound: int) -> dic
     if int(staleness.min()) < 0 or int(staleness.max()) > bound:
         raise StalenessError(
             f"the actor at policy version {actor_version} was about to train on tokens "
-            f"{int(staleness.max())} versions behind (or ahead: {int(staleness.min())}); "
+            f"{int(staleness.min())} to {int(staleness.max())} versions behind; "
             f"{SECTION}.max_off_policy_threshold={bound} allows 0 to {bound} (report this: "
             f"the schedule lost track of the weights)"
         )
@@ -162,7 +162,6 @@ class PartialRolloutSchedule:
         self._last_drawn = 0
         self._cond = threading.Condition()
         self._pause = False
-        self._held_for_validation = False
         self._failure: BaseException | None = None
         self._thread: _Generator | None = None
 
@@ -176,8 +175,8 @@ class PartialRolloutSchedule:
         if self.rollout_version != self.actor_version:
             with self._paused():
                 self._sync(StepState(step=step, batch=Batch()), ctx)
-        self._draw(range(self._last_drawn + 1, step + 1 + (self.threshold if prefetch_next else 0)),
-                   ctx)  # fmt: skip
+        last = step + self.threshold if prefetch_next else step
+        self._draw(range(self._last_drawn + 1, last + 1), ctx)
         state = self._take(step, ctx)
         state.metrics.update(staleness_metrics(state.batch, self.actor_version, self.threshold))
         if TOKEN_VERSION_KEY in state.batch:  # not in a batch a k-step checkpoint held
@@ -197,9 +196,9 @@ class PartialRolloutSchedule:
         """Hold generation at a chunk boundary and give the rollout the actor's weights, so that
         validation measures the policy just trained, alone on the rollout; the next step lets
         generation go on."""
-        self._set_pause(True)
-        self._held_for_validation = True
-        self._sync(StepState(step=self.actor_version, batch=Batch()), ctx)
+        self._set_pause(True)  # until the next step
+        with self._paused():
+            self._sync(StepState(step=self.actor_version, batch=Batch()), ctx)
 
     def save(self, directory: str) -> dict[str, Any]:
         """Write every drawn batch into ``directory`` (finished ones whole, the others as their
@@ -208,8 +207,8 @@ class PartialRolloutSchedule:
         with self._paused():
             for flight in self._flight:
                 prompts = StepState(step=flight.step, batch=flight.samples.prompts)
-                save_step_state(os.path.join(directory, PROMPTS_FILE.format(step=flight.step)),
-                                prompts)  # fmt: skip
+                path = os.path.join(directory, PROMPTS_FILE.format(step=flight.step))
+                save_step_state(path, prompts)
                 if flight.result.done():
                     path = os.path.join(directory, BATCH_FILE.format(step=flight.step))
                     save_step_state(path, flight.result.result())
@@ -335,9 +334,7 @@ class PartialRolloutSchedule:
 
     def _set_pause(self, pause: bool) -> None:
         with self._cond:
-            if not pause:
-                self._held_for_validation = False
-            self._pause = pause or self._held_for_validation
+            self._pause = pause
             self._cond.notify_all()
 
     def _start(self, ctx: StepContext) -> None:
