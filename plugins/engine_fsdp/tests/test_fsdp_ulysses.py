@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from test_fsdp_packing import _policy_loss as policy_loss
 
 from polyrl.api import ModelHead
 from polyrl.api.testing import schema_config
@@ -37,21 +38,6 @@ def _batch() -> Batch:
     batch["advantages"] = torch.randn(len(PROMPTS), 6, generator=gen)
     batch["returns"] = torch.randn(len(PROMPTS), 6, generator=gen)
     return batch
-
-
-def policy_loss(
-    micro: Batch, log_prob: torch.Tensor, entropy: torch.Tensor | None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean policy gradient with an entropy bonus (so the entropy carries a gradient)."""
-    mask = micro["response_mask"].float()
-    tokens = micro.meta["mini_batch_response_tokens"]
-    loss = -(log_prob * micro["advantages"] * mask).sum() / tokens
-    if entropy is not None:
-        loss = loss - 0.1 * (entropy * mask).sum() / tokens
-    return loss, {"actor/pg_loss": float(loss.detach())}
-
-
-policy_loss.needs_entropy_grad = True  # type: ignore[attr-defined]
 
 
 def value_loss(micro: Batch, values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

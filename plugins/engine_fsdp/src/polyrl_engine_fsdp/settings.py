@@ -51,9 +51,11 @@ class FSDPModelSettings:
 
 @dataclass
 class SequenceParallelSettings:
-    """verl's Ulysses sequence parallelism of one role: each sequence split over this many
-    ranks. Only 1 is implemented; a larger size is refused by ``polyrl validate``
-    (:mod:`polyrl.config.verl_compat`)."""
+    """verl's Ulysses sequence parallelism of one role: each packed micro-batch split over
+    this many consecutive ranks, which share its rows (one data-parallel rank) and exchange
+    attention heads (:mod:`polyrl_engine_kit.ulysses`). It must divide the role's ranks and the
+    model's attention and key/value heads, and needs ``use_remove_padding``; the critic runs
+    with the actor's size."""
 
     ulysses_sequence_parallel_size: int = 1
 

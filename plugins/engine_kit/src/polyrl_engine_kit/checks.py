@@ -154,7 +154,10 @@ def actor_ref_problems(actor: Any, ref: Any, sequence_parallel: bool = False) ->
     own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
     problems += batch_problems(ref, REF, own)
     if not sequence_parallel:
-        problems += [p for p in [unsplit_problem(actor, ACTOR), unsplit_problem(ref, REF)] if p]
+        unsplit = [unsplit_problem(actor, ACTOR)]
+        if unsplit_problem(ref, REF) != unsplit_problem(actor, REF):
+            unsplit.append(unsplit_problem(ref, REF))
+        problems += [p for p in unsplit if p]
     return problems + optim_problems(actor.optim, ACTOR, core_checked=True)
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from polyrl_engine_kit.packed_attention import causal_packed_attention
+from polyrl_engine_kit.packed_attention import packed_attention_forward
 from polyrl_engine_kit.packing import PackedRows
 
 ULYSSES_ATTENTION = "polyrl_packed_ulysses"
@@ -170,36 +170,20 @@ def ulysses_attention_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    max_length_q: int | None = None,
     *,
     sequence_parallel: SequenceParallel,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract (``[1, H, slice, D]`` in, ``[1, slice, H, D]``
-    out) around :func:`~polyrl_engine_kit.packed_attention.causal_packed_attention` on the
-    whole row. Outside torch.compile's graphs: the collectives run eagerly between them. A row
-    passed without boundaries (the engine's dummy pass) is one causal sequence."""
-    if attention_mask is not None:
-        raise ValueError(
-            "Ulysses attention got a padding mask: packed rows carry no padding (the engine "
-            "passes sequence boundaries instead)"
-        )
-    if query.shape[0] != 1:
-        raise ValueError(f"Ulysses attention takes one packed row, got {query.shape[0]}")
+    out): :func:`~polyrl_engine_kit.packed_attention.packed_attention_forward` on the whole row
+    for this rank's share of the heads, between two all-to-alls. Outside torch.compile's
+    graphs: the collectives run eagerly between them."""
     sp = sequence_parallel
-    # [1, heads, slice, D] -> [whole row, heads / size, D]
-    q, k, v = (all_to_all(t, sp, 1, 2)[0].transpose(0, 1) for t in (query, key, value))
-    length = q.shape[0]
-    if cu_seq_lens_q is None:
-        cu_seq_lens_q = torch.tensor([0, length], dtype=torch.int32, device=q.device)
-        max_length_q = length
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = causal_packed_attention(q, k, v, cu_seq_lens_q, int(max_length_q or length), scale)
-    # [whole row, heads / size, D] -> [1, slice, heads, D]
-    return all_to_all(out.unsqueeze(0), sp, 1, 2), None
+    # [1, heads, slice, D] -> [1, heads / size, whole row, D]
+    q, k, v = (all_to_all(t, sp, 1, 2) for t in (query, key, value))
+    out, _ = packed_attention_forward(module, q, k, v, attention_mask, **kwargs)
+    # [1, whole row, heads / size, D] -> [1, slice, heads, D]
+    return all_to_all(out, sp, 1, 2), None
 
 
 def use_ulysses_attention(model: Any, sp: SequenceParallel) -> None:
