@@ -10,7 +10,7 @@ import pytest
 from polyrl.config import load_config
 from polyrl.errors import PolyrlError
 from polyrl.plan import assemble
-from polyrl.specs import AdvantageEstimatorSpec, PluginKind, PolicyLossSpec
+from polyrl.specs import AdvantageEstimatorSpec, PluginKind, PolicyLossSpec, RewardProviderSpec
 from polyrl.workers.worker_plan import WorkerPlan
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "polyrl"
@@ -118,3 +118,24 @@ def test_a_wrapped_stage_is_bound_too(register_plugin) -> None:
         ]
     )
     assert "rollout_log_probs" in assemble(cfg).pipeline["update_actor"].requires
+
+
+def test_a_reward_providers_roles_are_placed_and_reach_the_workers(register_plugin) -> None:
+    # a provider that scores through a worker role of its own, which builds the rollout engine
+    # named by another key: the plan places the role like the step's and hands both over
+    register_plugin(
+        RewardProviderSpec(
+            name="with_role",
+            description="scores on the workers",
+            provider="polyrl.rewards.provider:NaiveRewardProvider",
+            roles=lambda cfg: {"grader": "my_package.roles:GraderRole"},
+            plugin_keys={"critic.strategy": "training_engine"},
+        )
+    )
+    base = ["recipe=tiny", "reward_model.reward_manager=with_role"]
+    plan = assemble(load_config(base))
+    assert plan.pools == {"global": (2, ("rollout", "actor", "ref", "grader"))}
+    assert plan.worker_plan().role_classes["grader"] == "my_package.roles:GraderRole"
+    assert plan.plugins["critic.strategy"].name == "fsdp2"
+    own = [*base, "trainer.role_pools.grader=grading", "trainer.resource_pools.grading=1"]
+    assert assemble(load_config(own)).pools["grading"] == (1, ("grader",))
