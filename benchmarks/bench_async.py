@@ -1,18 +1,22 @@
-"""Synchronous, one-step and k-step off-policy training side by side on CPU: rollout-pool idle
-share, samples/s and the final validation reward, one ``polyrl train`` run per mode.
+"""Synchronous, one-step, k-step off-policy training and k-step with partial rollouts side by
+side on CPU: rollout-pool idle share, samples/s and the final validation reward, one
+``polyrl train`` run per mode.
 
 Every run is ``recipe=grpo`` with split placement (1 trainer + 1 rollout worker), the same seed
 and data, and long-tailed response lengths: ``data.max_response_length`` is raised so that the
 randomly initialised model's responses run from a few tokens (an early EOS) to the limit, and a
 batch takes as long as its longest response. The step count is one more than a multiple of
-every k, so no round of generation reaches past the last step.
+every k, so no round of generation reaches past the last step. Partial rollouts
+(``trainer.off_policy.partial_rollout=continue``) generate in chunks of ``--chunk-tokens`` and
+take new weights between chunks after every update.
 
 From each run's ``metrics.jsonl``: wall time = the sum of ``timing_s/step``; the rollout pool
 is busy for ``timing_s/gen`` + ``timing_s/update_weights`` of every step (generation of a batch
-made ahead is timed in that batch's own step); idle % = 1 - busy / wall; samples/s = responses
-trained / wall; the medians of ``timing_s/step`` and ``timing_s/gen``.
+made ahead is timed in that batch's own step; with partial rollouts, the sum of its chunks);
+idle % = 1 - busy / wall; samples/s = responses trained / wall; the medians of
+``timing_s/step`` and ``timing_s/gen``; the largest staleness of a sample (its oldest token).
 
-    python benchmarks/bench_async.py                       # sync, one_step_off, k_step_off k=3
+    python benchmarks/bench_async.py        # sync, one_step_off, k_step_off k=3 (with partial)
     python benchmarks/bench_async.py --steps 25 --k 2 4 --json async.json
 """
 
@@ -39,7 +43,7 @@ SPLIT = (
 )
 
 
-def modes(ks: list[int]) -> dict[str, tuple[str, ...]]:
+def modes(ks: list[int], chunk_tokens: int) -> dict[str, tuple[str, ...]]:
     runs = {
         "sync": ("trainer.async_mode=sync",),
         "one_step_off": ("trainer.async_mode=one_step_off",),
@@ -48,6 +52,11 @@ def modes(ks: list[int]) -> dict[str, tuple[str, ...]]:
         runs[f"k_step_off k={k}"] = (
             "trainer.async_mode=k_step_off",
             f"trainer.off_policy.max_off_policy_threshold={k}",
+        )
+        runs[f"k_step_off k={k} partial_rollout=continue"] = (
+            *runs[f"k_step_off k={k}"],
+            "trainer.off_policy.partial_rollout=continue",
+            f"trainer.off_policy.partial_rollout_chunk_tokens={chunk_tokens}",
         )
     return runs
 
@@ -85,11 +94,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=13)
     parser.add_argument("--k", type=int, nargs="+", default=[3])
     parser.add_argument("--response-length", type=int, default=64)
+    parser.add_argument("--chunk-tokens", type=int, default=16)
+    parser.add_argument("--only", nargs="+", help="run only the modes whose name starts so")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report = {}
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-async-") as tmp:
-        for name, mode in modes(args.k).items():
+        for name, mode in modes(args.k, args.chunk_tokens).items():
+            if args.only and not name.startswith(tuple(args.only)):
+                continue
             records = train(
                 Path(tmp) / name.replace(" ", "_").replace("=", ""),
                 args.steps,

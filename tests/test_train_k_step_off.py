@@ -6,6 +6,12 @@ with every sample at most k versions behind; a k-step run whose driver is killed
 and restarted with ``trainer.resume_mode=auto`` trains every prompt exactly once per epoch, no
 sample (uid) in two steps, the batches its checkpoint held ahead with their own uids, and ends
 bitwise equal to the uninterrupted run.
+
+With partial rollouts (``trainer.off_policy.partial_rollout=continue``, chunks of 4 tokens) the
+weights reach the rollout after every update, between chunks: such a run learns as the
+synchronous one does with every token at most k versions behind, and a kill -9 followed by a
+resume trains every prompt once and every sample (uid) in one step, the samples its checkpoint
+held half done among them (where a sync falls depends on timing, so not bitwise).
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ K_STEP = (
     "trainer.async_mode=k_step_off",
     f"trainer.off_policy.max_off_policy_threshold={K}",
 )
+PARTIAL = (
+    *K_STEP,
+    "trainer.off_policy.partial_rollout=continue",
+    "trainer.off_policy.partial_rollout_chunk_tokens=4",
+)
 VAL = "val-core/polyrl/tiny_digits/reward/mean@1"
 
 # polyrl.train in a script, with a spy that records what each finished step trained on (it
@@ -62,6 +73,8 @@ def recorded_step(self, step):
         "index": sorted({int(i) for i in batch["index"]}),
         "uid": sorted({str(u) for u in batch["uid"]}),
         "version": sorted({int(v) for v in batch.get("policy_version", [])}),
+        "token_version": sorted({int(v) for v in tokens[tokens >= 0].unique()})
+        if (tokens := batch.get("token_policy_version")) is not None else [],
     }
     record.write(json.dumps(entry) + "\\n")
     record.flush()
@@ -110,6 +123,13 @@ def k_step_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
+def partial_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A partial-rollout run killed -9 after step 7 and resumed."""
+    tmp = tmp_path_factory.mktemp("partial")
+    return killed_and_resumed(tmp, PARTIAL)
+
+
+@pytest.fixture(scope="module")
 def sync_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("sync")
     out = tmp / "run"
@@ -131,20 +151,51 @@ def test_k_step_learns_with_every_sample_at_most_k_versions_behind(k_step_run) -
     assert after > before + 0.3, f"validation reward {before} -> {after}"
 
 
-def test_k_step_reaches_the_validation_reward_of_sync(k_step_run, sync_run: Path) -> None:
-    k_step = read_records(k_step_run[0])[-1][VAL]
-    sync = read_records(sync_run)[-1][VAL]
-    assert abs(k_step - sync) <= 0.15, f"k-step {k_step} vs sync {sync}"
+def test_partial_rollouts_learn_with_every_token_at_most_k_versions_behind(partial_run) -> None:
+    out, steps_file = partial_run
+    records = {r["step"]: r for r in read_records(out)}  # the last record of each step
+    assert sorted(records) == list(range(STEPS + 1))
+    for step in range(1, STEPS + 1):  # samples (their oldest token) and tokens, within k
+        r = records[step]
+        assert 0 <= r["async/token_staleness/max"] <= r["async/staleness/max"] <= K, r
+        assert r["async/partial/chunks"] >= 1 and r["async/policy_version"] == step - 1
+    for step, runs in steps_of(steps_file).items():  # batch s is trained by version s-1
+        versions = runs[-1]["token_version"]
+        assert versions and step - 1 - K <= min(versions) <= max(versions) <= step - 1, step
+    before, after = records[0][VAL], records[STEPS][VAL]
+    assert after > before + 0.3, f"validation reward {before} -> {after}"
+
+
+def test_a_partial_run_killed_mid_round_trains_every_prompt_once(partial_run) -> None:
+    assert_every_prompt_once(*partial_run)
+
+
+@pytest.mark.parametrize("mode", ["k_step", "partial"])
+def test_async_reaches_the_validation_reward_of_sync(
+    mode: str, request: pytest.FixtureRequest, sync_run: Path
+) -> None:
+    run = request.getfixturevalue(f"{mode}_run")[0]
+    reached, sync = read_records(run)[-1][VAL], read_records(sync_run)[-1][VAL]
+    assert abs(reached - sync) <= 0.15, f"{mode} {reached} vs sync {sync}"
 
 
 def test_a_driver_killed_mid_round_resumes_every_prompt_once(k_step_run, tmp_path: Path) -> None:
-    out, steps_file = tmp_path / "run", tmp_path / "steps.jsonl"
     quick = (*K_STEP, "trainer.val_before_train=false", "trainer.test_freq=-1")
-    proc = spied_train(tmp_path, out, steps_file, *quick)
-    log = tmp_path / "run.log"
+    out, steps_file = killed_and_resumed(tmp_path, quick)
+    assert_every_prompt_once(out, steps_file)
+    a, b = final_weights(k_step_run[0]), final_weights(out)
+    different = [name for name in a if not (a[name] == b[name]).all()]
+    assert a.keys() == b.keys() and not different, f"weights differ after resume: {different[:5]}"
+
+
+def killed_and_resumed(tmp: Path, overrides: tuple[str, ...]) -> tuple[Path, Path]:
+    """A run killed -9 once 7 steps are done, then resumed with ``trainer.resume_mode=auto``."""
+    out, steps_file, log = tmp / "run", tmp / "steps.jsonl", tmp / "run.log"
+    proc = spied_train(tmp, out, steps_file, *overrides)
     try:
         deadline = time.monotonic() + 240
         # after step 5 the checkpoint of step 4 holds nothing ahead, that of step 6 holds 7
+        # (k-step; partial rollouts: 7-9, finished or half done)
         while time.monotonic() < deadline and len(steps_of(steps_file) if steps_file.exists()
                                                   else {}) < 7:  # fmt: skip
             assert proc.poll() is None, log.read_text()[-4000:]
@@ -154,11 +205,15 @@ def test_a_driver_killed_mid_round_resumes_every_prompt_once(k_step_run, tmp_pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    killed_after = max(steps_of(steps_file))
-    assert killed_after < STEPS, "the run finished before it was killed"
-    finish(spied_train(tmp_path, out, steps_file, *quick, "trainer.resume_mode=auto"), log)
+    assert max(steps_of(steps_file)) < STEPS, "the run finished before it was killed"
+    finish(spied_train(tmp, out, steps_file, *overrides, "trainer.resume_mode=auto"), log)
     assert "resumed from" in log.read_text()
+    return out, steps_file
 
+
+def assert_every_prompt_once(out: Path, steps_file: Path) -> None:
+    """Every step logged, every prompt once per epoch, no sample (uid) in two steps, a step
+    trained again (after the kill) on the same prompts and, for step 7, the same samples."""
     records = [r for r in read_records(out) if r["step"] > 0]
     assert sorted({r["step"] for r in records}) == list(range(1, STEPS + 1))
     assert max(r["async/staleness/max"] for r in records) <= K
@@ -171,10 +226,8 @@ def test_a_driver_killed_mid_round_resumes_every_prompt_once(k_step_run, tmp_pat
     assert len(uids) == len(set(uids)), "a sample trained in two steps"
     for step, runs in trained.items():  # a step trained again trained the same prompts
         assert all(run["index"] == runs[0]["index"] for run in runs), (step, runs)
-    # the batch of step 7 was generated ahead before the step-6 checkpoint: resumed, not
-    # generated again, so its samples are the same ones (uuid4 uids are never drawn twice)
+    # the batch of step 7 was drawn (k-step: generated) ahead before the step-6 checkpoint:
+    # resumed, not drawn again, so its samples are the same ones (uuid4 uids are never drawn
+    # twice)
     if len(trained[7]) > 1:
         assert trained[7][0]["uid"] == trained[7][-1]["uid"]
-    a, b = final_weights(k_step_run[0]), final_weights(out)
-    different = [name for name in a if not (a[name] == b[name]).all()]
-    assert a.keys() == b.keys() and not different, f"weights differ after resume: {different[:5]}"
