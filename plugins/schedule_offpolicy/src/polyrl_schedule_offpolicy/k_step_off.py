@@ -68,6 +68,8 @@ from polyrl.api import (
 from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, SECTION, OffPolicySettings
 
 if TYPE_CHECKING:
+    import torch
+
     from polyrl.api import StepContext
 
 SYNC_STAGE = "update_weights"
@@ -150,19 +152,29 @@ def staleness_metrics(batch: Batch, actor_version: int, bound: int) -> dict[str,
     """``async/*`` metrics of a batch about to train ``actor_version``; raises
     :class:`StalenessError` when a row is from a later version or more than ``bound``
     versions behind."""
-    staleness = actor_version - batch[VERSION_KEY]
-    if int(staleness.min()) < 0 or int(staleness.max()) > bound:
-        versions = sorted(set(batch[VERSION_KEY].tolist()))
-        raise StalenessError(
-            f"the actor at policy version {actor_version} was about to train on samples of "
-            f"version(s) {versions}; {SECTION}.max_off_policy_threshold={bound} allows 0 to "
-            f"{bound} versions behind (report this: the schedule lost track of the weights)"
-        )
+    mean, worst = bounded_staleness(batch[VERSION_KEY], actor_version, bound, "samples")
     return {
-        "async/staleness/mean": float(staleness.double().mean()),
-        "async/staleness/max": float(staleness.max()),
+        "async/staleness/mean": mean,
+        "async/staleness/max": worst,
         "async/policy_version": float(actor_version),
     }
+
+
+def bounded_staleness(
+    versions: torch.Tensor, actor_version: int, bound: int, what: str
+) -> tuple[float, float]:
+    """Mean and largest staleness of ``what`` (samples, tokens) of policy ``versions`` about to
+    train ``actor_version``; :class:`StalenessError` when one is from a later version or more
+    than ``bound`` versions behind."""
+    staleness = actor_version - versions
+    if int(staleness.min()) < 0 or int(staleness.max()) > bound:
+        raise StalenessError(
+            f"the actor at policy version {actor_version} was about to train on {what} of "
+            f"version(s) {sorted(set(versions.tolist()))}; {SECTION}.max_off_policy_threshold="
+            f"{bound} allows 0 to {bound} versions behind (report this: the schedule lost track "
+            f"of the weights)"
+        )
+    return float(staleness.double().mean()), float(staleness.max())
 
 
 def copy_rows(batch: Batch) -> Batch:

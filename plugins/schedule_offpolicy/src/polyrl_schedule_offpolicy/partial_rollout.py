@@ -61,10 +61,11 @@ from polyrl_schedule_offpolicy.k_step_off import (
     SYNC_STAGE,
     VERSION_KEY,
     StalenessError,
+    bounded_staleness,
     split_step,
     staleness_metrics,
 )
-from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, SECTION, OffPolicySettings
+from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, OffPolicySettings
 
 if TYPE_CHECKING:
     import torch
@@ -105,20 +106,8 @@ def token_staleness_metrics(batch: Batch, actor_version: int, bound: int) -> dic
     :class:`StalenessError` when a token is from a later version or more than ``bound``
     versions behind."""
     versions = batch[TOKEN_VERSION_KEY]
-    staleness = actor_version - versions[versions != NO_TOKEN]
-    if not len(staleness):
-        return {}
-    if int(staleness.min()) < 0 or int(staleness.max()) > bound:
-        raise StalenessError(
-            f"the actor at policy version {actor_version} was about to train on tokens "
-            f"{int(staleness.min())} to {int(staleness.max())} versions behind; "
-            f"{SECTION}.max_off_policy_threshold={bound} allows 0 to {bound} (report this: "
-            f"the schedule lost track of the weights)"
-        )
-    return {
-        "async/token_staleness/mean": float(staleness.double().mean()),
-        "async/token_staleness/max": float(staleness.max()),
-    }
+    mean, worst = bounded_staleness(versions[versions != NO_TOKEN], actor_version, bound, "tokens")
+    return {"async/token_staleness/mean": mean, "async/token_staleness/max": worst}
 
 
 def oldest_token_versions(token_versions: torch.Tensor) -> torch.Tensor:
