@@ -16,6 +16,7 @@ from polyrl_engine_megatron.checks import check_config
 
 TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
 PP = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+REF_TP = "actor_rollout_ref.ref.megatron.tensor_model_parallel_size"
 
 
 def _cfg(*overrides: str):
@@ -51,7 +52,7 @@ def test_parallel_sizes_against_the_pools():
             "trainer.resource_pools.refpool=3",
         )
     )
-    assert line.startswith(f"{TP}=2 does not divide the 3 workers of the ref")
+    assert line.startswith(f"{REF_TP}=2 does not divide the 3 workers of the ref")
     (line,) = check_config(_cfg(f"{TP}=0"))
     assert line == f"{TP} must be a positive integer, got 0"
     # pipeline stages count against the workers too: 2 x 2 fits 4 workers, 2 x 3 does not
@@ -60,6 +61,29 @@ def test_parallel_sizes_against_the_pools():
     assert line.startswith(f"{TP}=2 x pipeline_model_parallel_size=3 does not divide the 4 workers")
     (line,) = check_config(_cfg(f"{PP}=0"))
     assert line == f"{PP} must be a positive integer, got 0"
+
+
+def test_the_reference_has_its_own_sizes_on_a_pool_of_its_own():
+    own_pool = ("trainer.role_pools.ref=refpool", "trainer.resource_pools.refpool=2")
+    assert (
+        check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=4", f"{REF_TP}=2", *own_pool)) == []
+    )
+    (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=4", f"{REF_TP}=2"))
+    assert line.startswith(
+        "actor_rollout_ref.ref.megatron tensor x pipeline parallel size 2 x 1 differs from the "
+        "actor's 4 x 1, but both run in pool 'global'"
+    )
+    # the same sizes, written out as verl's scripts do, share the pool
+    assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2", f"{REF_TP}=2")) == []
+
+
+def test_override_transformer_config_problems():
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    assert check_config(_cfg(f"{key}.recompute_granularity=full")) == [
+        f"{key}.recompute_granularity=full needs recompute_method=uniform or block, as in "
+        f"megatron-core",
+        f"{key}.recompute_num_layers=None: give a positive number of layers",
+    ]
 
 
 def test_dtype_and_fsdp_keys():

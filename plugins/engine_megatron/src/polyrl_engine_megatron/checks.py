@@ -10,19 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyrl.api import role_world
+from omegaconf import OmegaConf
+
+from polyrl.api import pool_of, role_world
 from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
+from polyrl_engine_megatron.transformer_overrides import split
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 MEGATRON = f"{ACTOR}.megatron"
+REF_MEGATRON = f"{REF}.megatron"
 DTYPES_SUPPORTED = ("bfloat16", "float32")
 
 
-def parallel_problems(megatron: Any) -> list[str]:
-    """The tensor/pipeline-parallel sizes themselves (the engine raises these too)."""
+def parallel_problems(megatron: Any, node: str = MEGATRON) -> list[str]:
+    """The tensor/pipeline-parallel sizes themselves (the engine raises these too); ``node``:
+    where ``megatron`` sits in the config, for the message."""
     return [
-        f"{MEGATRON}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
+        f"{node}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
         if not positive_int(getattr(megatron, key))
     ]
@@ -38,24 +43,41 @@ def dtype_problem(model: Any) -> str | None:
     )
 
 
-def _world_problems(cfg: Any, tensor_parallel: int, pipeline_parallel: int) -> list[str]:
+def _sizes(megatron: Any) -> tuple[int, int]:
+    return int(megatron.tensor_model_parallel_size), int(megatron.pipeline_model_parallel_size)
+
+
+def _world_problems(cfg: Any) -> list[str]:
+    """Each role's TP x PP divides its pool; a reference split otherwise than the actor runs in
+    a pool of its own (megatron-core's parallel state is one per process)."""
     problems = []
-    model_parallel = tensor_parallel * pipeline_parallel
-    seen: set[tuple[int, str]] = set()
-    for role in ("actor", "ref"):
+    seen: set[tuple[int, str, tuple[int, int]]] = set()
+    arr = cfg.actor_rollout_ref
+    sizes = {"actor": _sizes(arr.actor.megatron), "ref": _sizes(arr.ref.megatron)}
+    for role, node in (("actor", MEGATRON), ("ref", REF_MEGATRON)):
         found = role_world(cfg, role)
-        if found is None or found in seen:
+        if found is None or (*found, sizes[role]) in seen:
             continue
-        seen.add(found)
+        seen.add((*found, sizes[role]))
         workers, where = found
-        if workers % model_parallel:
-            sizes = f"{MEGATRON}.tensor_model_parallel_size={tensor_parallel}"
+        tensor_parallel, pipeline_parallel = sizes[role]
+        if workers % (tensor_parallel * pipeline_parallel):
+            split = f"{node}.tensor_model_parallel_size={tensor_parallel}"
             if pipeline_parallel > 1:
-                sizes += f" x pipeline_model_parallel_size={pipeline_parallel}"
+                split += f" x pipeline_model_parallel_size={pipeline_parallel}"
             problems.append(
-                f"{sizes} does not divide the {workers} workers of the {role} ({where}); the "
+                f"{split} does not divide the {workers} workers of the {role} ({where}); the "
                 f"data-parallel size is workers / (tensor x pipeline parallel size)"
             )
+    if sizes["ref"] != sizes["actor"] and pool_of(cfg, "ref") == pool_of(cfg, "actor"):
+        problems.append(
+            f"{REF_MEGATRON} tensor x pipeline parallel size {sizes['ref'][0]} x "
+            f"{sizes['ref'][1]} differs from the actor's {sizes['actor'][0]} x "
+            f"{sizes['actor'][1]}, but both run in pool {pool_of(cfg, 'ref')!r}, where one "
+            f"process holds both and megatron-core keeps one split per process: put the "
+            f"reference on a pool of its own (trainer.role_pools.ref=<pool> with "
+            f"trainer.resource_pools.<pool>=<workers>) or give it the actor's sizes"
+        )
     return problems
 
 
@@ -67,16 +89,15 @@ def check_config(cfg: Any) -> list[str]:
     problems += actor_ref_problems(actor, ref)
     problems += [
         f"{ACTOR}.fsdp_config.{key}=true configures the FSDP engine; strategy=megatron keeps "
-        f"weights and optimizer state on the GPU (set it to false)"
+        f"weights and optimizer state on the GPU unless {MEGATRON}.param_offload / "
+        f"optimizer_offload say otherwise (set it to false)"
         for key in ("param_offload", "optimizer_offload")
         if bool(getattr(actor.fsdp_config, key))
     ]
+    for node, megatron in ((MEGATRON, actor.megatron), (REF_MEGATRON, ref.megatron)):
+        given = OmegaConf.to_container(megatron.override_transformer_config, resolve=True)
+        problems += split(given, f"{node}.override_transformer_config")[1]
     sizes = parallel_problems(actor.megatron)
-    if sizes:
-        return problems + sizes
-    megatron = actor.megatron
-    return problems + _world_problems(
-        cfg,
-        int(megatron.tensor_model_parallel_size),
-        int(megatron.pipeline_model_parallel_size),
-    )
+    if not sizes:  # the reference's sizes follow the actor's unless set
+        sizes = parallel_problems(ref.megatron, REF_MEGATRON)
+    return problems + (sizes or _world_problems(cfg))

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from polyrl.api import (
     Batch,
@@ -66,8 +67,10 @@ from polyrl_engine_megatron.convert import (
     split_dim,
 )
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
+from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+from polyrl_engine_megatron.transformer_overrides import Recompute, recompute_plan, split
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +78,46 @@ log = logging.getLogger(__name__)
 ScoredLoss = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, Any]]
 
 
+def _megatron_node(ctx: EngineContext) -> Any:
+    """The role's ``megatron`` node (``actor_rollout_ref.actor.megatron``'s layout), with the
+    schema's defaults for the keys it leaves out."""
+    node = schema_node({"megatron": ctx.engine.get("megatron") or {}}, "actor_rollout_ref.actor")
+    return node.megatron
+
+
 def _parallel_sizes(ctx: EngineContext) -> tuple[int, int]:
     """``actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size`` of the role's
     node, after the same checks as ``polyrl validate``."""
-    engine, model = ctx.engine, ctx.model
-    megatron = schema_node({"megatron": engine.get("megatron") or {}}, "actor_rollout_ref.actor")
-    problems = parallel_problems(megatron.megatron)
-    dtype = dtype_problem(schema_node(model, "actor_rollout_ref.model"))
+    megatron = _megatron_node(ctx)
+    problems = parallel_problems(megatron)
+    dtype = dtype_problem(schema_node(ctx.model, "actor_rollout_ref.model"))
     problems += [dtype] if dtype else []
     if problems:
         raise ConfigError("; ".join(problems))
-    tp = int(megatron.megatron.tensor_model_parallel_size)
-    pp = int(megatron.megatron.pipeline_model_parallel_size)
+    tp = int(megatron.tensor_model_parallel_size)
+    pp = int(megatron.pipeline_model_parallel_size)
     if ctx.world_size % (tp * pp):
         raise ConfigError(
             f"actor_rollout_ref.actor.megatron tensor x pipeline parallel size {tp} x {pp} does "
             f"not divide the {ctx.world_size} workers of role {ctx.role!r}"
         )
     return tp, pp
+
+
+def _transformer_overrides(
+    ctx: EngineContext, gradient_checkpointing: bool
+) -> tuple[dict[str, Any], Recompute]:
+    """The role's ``megatron.override_transformer_config``: the keys passed to
+    ``TransformerConfig`` and the recompute to apply, after the same checks as ``polyrl
+    validate``; what has no effect is logged once, by rank 0."""
+    given = OmegaConf.to_container(_megatron_node(ctx).override_transformer_config, resolve=True)
+    passed, problems, notices = split(given)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    for line in notices if ctx.rank == 0 else ():
+        log.warning("%s", line)
+    recompute, _ = recompute_plan(given, gradient_checkpointing=gradient_checkpointing)
+    return passed, recompute
 
 
 def _join_process_group(ctx: EngineContext) -> torch.device:
@@ -135,12 +160,14 @@ class MegatronEngine(TrainingEngine):
             dp_size=self.dp_size,
             returns_output=self.tp_rank == 0 and self.stage.is_last,
         )
+        overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
         self.model = build_gpt_model(
             self.shape,
             self.hf_config,
             self.stage,
             pipeline_parallel=self.pp,
-            gradient_checkpointing=self.settings.gradient_checkpointing,
+            recompute=recompute,
+            overrides=overrides,
         )
         load_hf_weights(
             self.model,
@@ -173,6 +200,13 @@ class MegatronEngine(TrainingEngine):
         self.model.train(self.trainable)
         self.global_step = 0
         self.metric_prefix = "critic" if ctx.role == "critic" else "actor"
+        self.offload = HostOffload(
+            self.model,
+            lambda: self.optimizer,
+            self.device,
+            OffloadSettings.from_node(_megatron_node(ctx)),
+        )
+        self.offload.start()
 
     def data_parallel_rank(self) -> DataParallelRank:
         """The TP x PP ranks of one model copy form one data-parallel rank; the first TP rank of
@@ -237,7 +271,7 @@ class MegatronEngine(TrainingEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.offload.call():
                 step = self._forward_step(temperature, mode, keep_scores)
                 records = run_schedule(self.model, micros, step, forward_only=True)
         finally:
@@ -263,8 +297,9 @@ class MegatronEngine(TrainingEngine):
         self.model.train()
         peak = StepPeakMemory(self.device)
         step = self._forward_step(temperature, mode, policy_loss(loss_fn, mode, entropy))
-        result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
-        grad_norm, lr = self._optimizer_step()
+        with self.offload.call():
+            result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
+            grad_norm, lr = self._optimizer_step()
         entropy.report(result, self.metric_prefix)
         peak.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
@@ -316,7 +351,8 @@ class MegatronEngine(TrainingEngine):
                     grad.mul_(clip / (grad_norm + 1e-6))
             for param, grad in zip(params, grads):
                 param.grad = grad
-            self.optimizer.step()
+            with self.offload.optimizer_step():
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         advance_schedule(self.scheduler, skipped)
         self.global_step += 1
@@ -326,6 +362,9 @@ class MegatronEngine(TrainingEngine):
         """Full float32 tensors under their HF names, on every rank: each stage's weights are
         broadcast over the pipeline group, each tensor-parallel weight gathered over the TP
         group (collectives) and converted back to the HF layout, one at a time."""
+        return self.offload.stream(self._weights())
+
+    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
 
         # the first stage's embedding yields both HF names of a tied embedding
         def untied(stage: PipelineStage, name: str) -> bool:
@@ -343,23 +382,26 @@ class MegatronEngine(TrainingEngine):
             **loop_state(self.global_step, self.scheduler, self.device),
             "layout": self._layout(),
         }
-        mckpt.save(
-            path,
-            self.model,
-            self.optimizer,
-            extra,
-            shard=self._shard(),
-            writes_shard=self.mesh.dp_rank == 0,
-        )
+        with self.offload.call():
+            mckpt.save(
+                path,
+                self.model,
+                self.optimizer,
+                extra,
+                shard=self._shard(),
+                writes_shard=self.mesh.dp_rank == 0,
+            )
 
     def load_checkpoint(self, path: str) -> None:
-        extra = mckpt.load(
-            path,
-            self.model,
-            self.optimizer,
-            shard=self._shard(),
-            layout=self._layout(),
-        )
+        with self.offload.call():  # the optimizer state lands on the parameters' device
+            extra = mckpt.load(
+                path,
+                self.model,
+                self.optimizer,
+                shard=self._shard(),
+                layout=self._layout(),
+            )
+        self.offload.park_optimizer()
         self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 

@@ -16,11 +16,13 @@ residual stream is float32 under autocast (float32 weights), and
 first). Losses are per token already (polyrl's losses divide by the mini-batch's tokens), so
 megatron's schedule must not divide them again (``calculate_per_token_loss``).
 
-Gradient checkpointing wraps each decoder layer in torch's non-reentrant checkpoint, not
-megatron-core's full recompute: megatron's ``CheckpointFunction`` re-runs the layer in the
-backward outside the forward's ``torch.autocast``, so with float32 weights the recompute would
-run in float32 and the gradients would be those of another computation than the bf16 forward
-(torch's checkpoint restores the autocast state; megatron expects bf16 weights instead).
+Gradient checkpointing (``model.enable_gradient_checkpointing``, or the recompute keys of
+``megatron.override_transformer_config``, :mod:`.transformer_overrides`) wraps decoder layers
+or their submodules in torch's non-reentrant checkpoint, not megatron-core's recompute:
+megatron's ``CheckpointFunction`` re-runs the layer in the backward outside the forward's
+``torch.autocast``, so with float32 weights the recompute would run in float32 and the
+gradients would be those of another computation than the bf16 forward (torch's checkpoint
+restores the autocast state; megatron expects bf16 weights instead).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from polyrl.api import ConfigError
 from polyrl_engine_kit.compiling import recomputed_in_backward
 from polyrl_engine_megatron.attention import sdpa_core_attention
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
+from polyrl_engine_megatron.transformer_overrides import Recompute
 
 
 def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
@@ -62,9 +65,15 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
 
 
 def transformer_config_kwargs(
-    shape: GPTShape, hf_config: Any, *, pipeline_parallel: int
+    shape: GPTShape,
+    hf_config: Any,
+    *,
+    pipeline_parallel: int,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``TransformerConfig`` arguments that reproduce the HF model's computation."""
+    """``TransformerConfig`` arguments that reproduce the HF model's computation, with the
+    keys of ``megatron.override_transformer_config`` that pass to megatron-core over them
+    (:func:`.transformer_overrides.split` sorts them out)."""
     kwargs: dict[str, Any] = {
         "num_layers": shape.num_layers,
         "hidden_size": shape.hidden_size,
@@ -98,7 +107,31 @@ def transformer_config_kwargs(
         "persist_layer_norm": False,
         "gradient_accumulation_fusion": False,
     }
-    return kwargs
+    return {**kwargs, **(overrides or {})}
+
+
+def transformer_config(
+    shape: GPTShape,
+    hf_config: Any,
+    *,
+    pipeline_parallel: int,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """megatron-core's ``TransformerConfig`` of :func:`transformer_config_kwargs`; a key of
+    ``overrides`` it does not have is one :class:`ConfigError` line."""
+    from megatron.core import __version__
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs = transformer_config_kwargs(
+        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides
+    )
+    try:
+        return TransformerConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"megatron.override_transformer_config: {exc}; remove the key: megatron-core "
+            f"{__version__} does not have it"
+        ) from exc
 
 
 def build_gpt_model(
@@ -107,18 +140,18 @@ def build_gpt_model(
     stage: PipelineStage,
     *,
     pipeline_parallel: int,
-    gradient_checkpointing: bool,
+    recompute: Recompute,
+    overrides: dict[str, Any] | None = None,
 ) -> Any:
     """This stage's GPTModel (float32 parameters, uninitialised) on the current CUDA device,
-    each decoder layer recomputed in the backward with ``gradient_checkpointing``; checks that
+    the layers or submodules that ``recompute`` names recomputed in the backward; checks that
     megatron-core placed the stage's layers where ``stage`` says."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    config = TransformerConfig(
-        **transformer_config_kwargs(shape, hf_config, pipeline_parallel=pipeline_parallel)
+    config = transformer_config(
+        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides
     )
     spec = get_gpt_layer_local_spec()
     spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
@@ -140,10 +173,23 @@ def build_gpt_model(
             f"megatron-core built decoder layers {built[0]}..{sum(built) - 1} on this stage, "
             f"polyrl expected {stage.first_layer}..{stage.first_layer + stage.num_layers - 1}"
         )
-    if gradient_checkpointing:
-        for layer in model.decoder.layers:
+    for index, layer in enumerate(model.decoder.layers):
+        if recompute.layer_recomputed(index):
             layer.forward = recomputed_in_backward(layer.forward)
+            continue
+        for module in _recomputed_modules(layer, recompute.modules):
+            module.forward = recomputed_in_backward(module.forward)
     return model
+
+
+def _recomputed_modules(layer: Any, names: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The submodules of a decoder layer that megatron-core's selective recompute names."""
+    modules = {
+        "core_attn": [layer.self_attention.core_attention],
+        "mlp": [layer.mlp],
+        "layernorm": [layer.input_layernorm, layer.pre_mlp_layernorm],
+    }
+    return [module for name in names for module in modules[name]]
 
 
 def load_hf_weights(

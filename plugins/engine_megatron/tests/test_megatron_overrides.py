@@ -1,0 +1,119 @@
+"""verl's ``megatron.override_transformer_config`` (CPU): which keys reach megatron-core's
+TransformerConfig, which recompute the engine applies, what is refused or has no effect."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen2Config
+
+from polyrl.api import ConfigError
+from polyrl_engine_megatron.convert import GPTShape
+from polyrl_engine_megatron.transformer_overrides import KEY, Recompute, recompute_plan, split
+
+VERL_RECOMPUTE = {
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+}
+
+
+def test_verls_moe_script_overrides_split() -> None:
+    passed, problems, notices = split(
+        {
+            **VERL_RECOMPUTE,
+            "moe_router_dtype": "fp32",
+            "apply_rope_fusion": True,
+            "gradient_accumulation_fusion": True,
+            "init_method_std": 0.02,
+        }
+    )
+    assert passed == {"init_method_std": 0.02}
+    assert problems == []
+    assert [line.split("=")[0] for line in notices] == [
+        f"{KEY}.moe_router_dtype",
+        f"{KEY}.apply_rope_fusion",
+        f"{KEY}.gradient_accumulation_fusion",
+    ]
+    assert all("has no effect in polyrl" in line for line in notices)
+
+
+def test_keys_the_model_sets_and_uneven_stages_are_refused() -> None:
+    _, problems, _ = split(
+        {
+            "hidden_size": 64,
+            "num_layers_in_last_pipeline_stage": 1,
+            "account_for_loss_in_pipeline_split": False,
+        }
+    )
+    assert problems == [
+        f"{KEY}.hidden_size=64: the Megatron engine sets hidden_size from the model's HF config "
+        f"and its own settings; remove it",
+        f"{KEY}.num_layers_in_last_pipeline_stage=1 asks for uneven pipeline stages (verl); "
+        f"polyrl does not support it: use an even split (pipeline_model_parallel_size dividing "
+        f"the layers)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "checkpointing", "plan"),
+    [
+        ({}, False, Recompute()),
+        ({}, True, Recompute(full=True)),
+        (VERL_RECOMPUTE, False, Recompute(full=True)),
+        ({**VERL_RECOMPUTE, "recompute_num_layers": 4}, False, Recompute(full=True)),
+        (
+            {**VERL_RECOMPUTE, "recompute_method": "block", "recompute_num_layers": 2},
+            False,
+            Recompute(full=True, layers=2),
+        ),
+        ({"recompute_granularity": "selective"}, False, Recompute(modules=("core_attn",))),
+        (
+            {"recompute_granularity": "selective", "recompute_modules": ["mlp", "moe"]},
+            False,
+            Recompute(modules=("mlp",)),
+        ),
+    ],
+)
+def test_recompute_plan(overrides: dict, checkpointing: bool, plan: Recompute) -> None:
+    assert recompute_plan(overrides, gradient_checkpointing=checkpointing) == (plan, [])
+
+
+def test_block_recompute_names_the_first_layers_of_a_stage() -> None:
+    plan = Recompute(full=True, layers=2)
+    assert [plan.layer_recomputed(i) for i in range(4)] == [True, True, False, False]
+    assert not Recompute(modules=("core_attn",)).layer_recomputed(0)
+
+
+def test_bad_recompute_settings_are_one_line_each() -> None:
+    _, problems = recompute_plan(
+        {"recompute_granularity": "full", "recompute_num_layers": 0}, gradient_checkpointing=False
+    )
+    assert problems == [
+        f"{KEY}.recompute_granularity=full needs recompute_method=uniform or block, as in "
+        f"megatron-core",
+        f"{KEY}.recompute_num_layers=0: give a positive number of layers",
+    ]
+    _, problems, notices = split(
+        {"recompute_granularity": "selective", "recompute_modules": ["moe"]}
+    )
+    assert problems == [] and "moe has no effect" in notices[0]
+
+
+def test_passed_keys_reach_transformer_config() -> None:
+    pytest.importorskip("megatron.core", reason="pip install 'polyrl-engine-megatron[cpu]'")
+    from polyrl_engine_megatron.model import transformer_config
+
+    hf = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    shape = GPTShape.from_hf_config(hf, 1)
+    config = transformer_config(shape, hf, pipeline_parallel=1, overrides={"init_method_std": 0.5})
+    assert config.init_method_std == 0.5 and config.recompute_granularity is None
+    with pytest.raises(ConfigError, match="no_such_key"):
+        transformer_config(shape, hf, pipeline_parallel=1, overrides={"no_such_key": 1})
