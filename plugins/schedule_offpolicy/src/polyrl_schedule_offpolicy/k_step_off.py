@@ -65,7 +65,12 @@ from polyrl.api import (
     load_step_state,
     save_step_state,
 )
-from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, SECTION, OffPolicySettings
+from polyrl_schedule_offpolicy.settings import (
+    PARTIAL_KEY,
+    SECTION,
+    OffPolicySettings,
+    partial_note,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -359,4 +364,5 @@ def describe(cfg: Any, pipeline: StepPipeline) -> str:
     return (
         f"{', '.join(generation.names())} run up to {k} step(s) ahead of "
         f"{' -> '.join(training.names())} (samples at most {k} version(s) behind)"
+        f"{partial_note(cfg)}"
     )

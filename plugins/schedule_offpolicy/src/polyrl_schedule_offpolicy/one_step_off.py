@@ -15,6 +15,7 @@ from polyrl_schedule_offpolicy.k_step_off import (
     split_step,
     staleness_metrics,
 )
+from polyrl_schedule_offpolicy.settings import partial_note
 
 __all__ = [
     "VERSION_KEY",
@@ -39,4 +40,5 @@ def describe(cfg: Any, pipeline: StepPipeline) -> str:
         generation, training, _ = split_step(pipeline)
     except ConfigError:
         return "this step cannot run ahead"
-    return f"{', '.join(generation.names())} run one step ahead of {' -> '.join(training.names())}"
+    ahead = f"{', '.join(generation.names())} run one step ahead of"
+    return f"{ahead} {' -> '.join(training.names())}{partial_note(cfg)}"

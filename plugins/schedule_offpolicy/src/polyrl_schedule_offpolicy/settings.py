@@ -5,6 +5,7 @@ config imports it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SECTION = "trainer.off_policy"
 VERL_SECTION = "trainer.v1.sampler"
@@ -44,3 +45,14 @@ class OffPolicySettings:
 
 OFF_POLICY_SECTIONS = {SECTION: OffPolicySettings}
 OFF_POLICY_ALIASES = {VERL_SECTION: SECTION}
+
+
+def partial_note(cfg: Any) -> str:
+    """What ``polyrl validate``'s schedule line adds for partial rollouts (nothing when off)."""
+    settings = cfg.trainer.off_policy
+    if settings.partial_rollout == "off":
+        return ""
+    return (
+        f"; partial rollouts ({settings.partial_rollout}): the weights are synced after every "
+        f"update, between chunks of {settings.partial_rollout_chunk_tokens} new tokens"
+    )
