@@ -31,6 +31,7 @@ from polyrl.api import (
     names,
 )
 from polyrl_schedule_offpolicy.chunks import TOKEN_VERSION_KEY
+from polyrl_schedule_offpolicy.k_step_off import KStepOffSchedule
 from polyrl_schedule_offpolicy.partial_rollout import PartialRolloutSchedule
 
 EOS, PAD, FIRST_PROMPT_ID = 0, 99, 100
@@ -318,3 +319,11 @@ def test_validation_holds_generation_with_the_rollout_at_the_actors_weights() ->
     run_steps(sched, ctx, range(3, 7), last=6)  # the next step lets generation go on
     check_batches(roles, k=2)
     assert [step for step, _, _ in trained(roles)] == list(range(1, 7))
+
+
+def test_the_round_schedule_refuses_a_checkpoint_with_samples_half_done(tmp_path: Path) -> None:
+    pipeline = StepPipeline([Gen(), Score(), Train(), SyncWeightsStage()], initial_keys=())
+    rounds = KStepOffSchedule(None, pipeline, threshold=2)
+    saved = {"actor_version": 2, "ahead": [], "partial": [3, 4], "last_drawn": 4}
+    with pytest.raises(ConfigError, match="partial_rollout=continue or abort"):
+        rounds.load(str(tmp_path), {"step": 2, "off_policy": saved})

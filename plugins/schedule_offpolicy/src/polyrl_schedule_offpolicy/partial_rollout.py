@@ -56,6 +56,7 @@ from polyrl.api import (
 from polyrl_schedule_offpolicy.chunks import NO_TOKEN, TOKEN_VERSION_KEY, PartialSamples
 from polyrl_schedule_offpolicy.k_step_off import (
     BATCH_FILE,
+    ONE_STEP_STATE_KEY,
     PROMPTS_FILE,
     STATE_KEY,
     SYNC_STAGE,
@@ -224,6 +225,11 @@ class PartialRolloutSchedule:
         saved = driver_state.get(STATE_KEY)
         self.rollout_version, self._failure = None, None
         self._flight = deque()
+        if "pending_step" in (driver_state.get(ONE_STEP_STATE_KEY) or {}):
+            raise ConfigError(
+                f"the checkpoint holds a batch of the one-step schedule's older format; resume "
+                f"it with {PARTIAL_KEY}=off"
+            )
         if not saved:
             self.actor_version = self._last_drawn = int(driver_state["step"])
             return
