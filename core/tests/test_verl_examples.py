@@ -1,28 +1,26 @@
 """verl's own example scripts (every one under examples/ that launches verl.trainer.main_ppo, at
-the verl commit the fixture records) replayed through ``polyrl validate`` with only the model
-and data paths swapped (core/tests/verl_replay.py). No script may stop on an unknown key; the
-counts of accepted / hardware-only / refused-by-feature scripts are printed (``-s``)."""
+the verl commit the fixture records) replayed through ``polyrl validate`` with only the model,
+data and reward-function paths swapped (core/tests/verl_replay.py), each validated once with
+``trainer.device=cuda``. No script may stop on an unknown key, and no fewer may validate than
+:data:`VALIDATING` (raise it as features land); the counts and each remaining script's problems
+are printed (``-s``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from verl_replay import load_fixture, replay, report
+from verl_replay import VALIDATES, load_fixture, replay_all, report
 
 from polyrl.config.verl_compat import verl_commit
 
-# Keys verl's scripts set that belong to a plugin outside this change: listed with their owner
-# until it declares them (each makes its scripts count as "unknown" in the report).
-PENDING: dict[str, str] = {}
+# Scripts that validated with trainer.device=cuda when this was last raised.
+VALIDATING = 53
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list:
-    fixture = load_fixture()
-    tmp = Path(tmp_path_factory.mktemp("verl"))
-    configs = fixture.get("configs", {})
-    return [replay(s, a, configs, tmp) for s, a in sorted(fixture["scripts"].items())]
+    return replay_all(Path(tmp_path_factory.mktemp("verl")))
 
 
 def test_the_fixture_and_the_key_list_come_from_one_verl_commit() -> None:
@@ -32,12 +30,8 @@ def test_the_fixture_and_the_key_list_come_from_one_verl_commit() -> None:
 
 
 @pytest.mark.slow
-def test_no_verl_example_stops_on_an_unknown_key(outcomes: list) -> None:
+def test_verl_examples_validate_and_none_stops_on_an_unknown_key(outcomes: list) -> None:
     print(report(outcomes))
-    unknown = [
-        (o.script, p)
-        for o in outcomes
-        for p in o.problems
-        if "unknown config key" in p and not any(f"'{k}'" in p for k in PENDING)
-    ]
+    unknown = [(o.script, p) for o in outcomes for p in o.problems if "unknown config key" in p]
     assert unknown == []
+    assert sum(o.kind in VALIDATES for o in outcomes) >= VALIDATING

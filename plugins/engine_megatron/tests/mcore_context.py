@@ -26,12 +26,15 @@ def megatron_context(
     world_size: int = 1,
     role: str = "actor",
     total_training_steps: int = 4,
+    megatron: dict[str, Any] | None = None,
 ) -> EngineContext:
+    """``megatron``: more keys of ``actor_rollout_ref.actor.megatron`` (offload, overrides)."""
     actor = {
         "strategy": "megatron",
         "megatron": {
             "tensor_model_parallel_size": tensor_parallel,
             "pipeline_model_parallel_size": pipeline_parallel,
+            **(megatron or {}),
         },
         **engine,
     }

@@ -22,6 +22,11 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
+VERL_RECOMPUTE = {
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+}
 ENGINE = {
     "use_dynamic_bsz": True,
     "ppo_max_token_len_per_gpu": 24,
@@ -213,20 +218,23 @@ def _checkpointing_scenario(rank: int, world: int, path: str) -> dict:
     from polyrl_engine_megatron.engine import MegatronEngine
 
     engine_keys = {**ENGINE, "optim": {"lr": 5e-3}}  # no warm-up: the first step moves weights
-    calls = dict.fromkeys((False, True), 0)
+    calls = dict.fromkeys((False, True, "override"), 0)
 
-    def count(checkpointed: bool, *_) -> None:
+    def count(checkpointed: bool | str, *_) -> None:
         calls[checkpointed] += 1
 
     out = {}
-    for checkpointed in (False, True):
+    for checkpointed in (False, True, "override"):
         ctx = megatron_context(
             path,
             engine=engine_keys,
             rank=rank,
             world_size=world,
             pipeline_parallel=world,
-            gradient_checkpointing=checkpointed,
+            gradient_checkpointing=checkpointed is True,
+            megatron={"override_transformer_config": VERL_RECOMPUTE}
+            if checkpointed == "override"
+            else None,
         )
         engine = MegatronEngine(ctx)
         for layer in engine.model.decoder.layers:
@@ -244,15 +252,78 @@ def _checkpointing_scenario(rank: int, world: int, path: str) -> dict:
 def test_gradient_checkpointing_recomputes_the_same_bf16_step(tmp_path) -> None:
     """The checkpointed step runs each layer's attention twice (forward, then the recompute in
     the backward) and reaches the same gradient norm and weights: the recompute runs under the
-    forward's bf16 autocast (megatron-core's own recompute would redo it in float32)."""
+    forward's bf16 autocast (megatron-core's own recompute would redo it in float32). verl's
+    recompute keys in ``megatron.override_transformer_config`` (full, uniform, 1 layer) do the
+    same."""
     path = build_tiny_model(str(tmp_path / "tiny"))
     results = run_on_ranks(_checkpointing_scenario, _world(), path, backend="nccl", timeout_s=600)
     for rank in results:
-        plain, checkpointed = rank[False], rank[True]
+        plain = rank[False]
         assert plain["attention_calls"] > 0
-        assert checkpointed["attention_calls"] == 2 * plain["attention_calls"]
-        assert checkpointed["metrics"]["actor/grad_norm"] == pytest.approx(
-            plain["metrics"]["actor/grad_norm"], rel=1e-5
+        for checkpointed in (rank[True], rank["override"]):
+            assert checkpointed["attention_calls"] == 2 * plain["attention_calls"]
+            assert checkpointed["metrics"]["actor/grad_norm"] == pytest.approx(
+                plain["metrics"]["actor/grad_norm"], rel=1e-5
+            )
+            for name, tensor in plain["weights"].items():
+                torch.testing.assert_close(checkpointed["weights"][name], tensor, rtol=0, atol=1e-6)
+
+
+def _offload_scenario(rank: int, world: int, path: str, ckpt: str) -> dict:
+    """The same log-probs, steps and checkpoint without and with verl's Megatron CPU offload
+    (tensor parallelism over the GPUs when there are 2); where the weights and the AdamW
+    moments are between calls, and the GPU memory they leave free."""
+    from polyrl_engine_megatron.engine import MegatronEngine
+
+    out = {}
+    for offload in (False, True):
+        keys = dict.fromkeys(("param_offload", "grad_offload", "optimizer_offload"), offload)
+        ctx = megatron_context(
+            path, engine=ENGINE, rank=rank, world_size=world, tensor_parallel=world, megatron=keys
         )
+        torch.manual_seed(0)
+        engine = MegatronEngine(ctx)
+        run: dict = {"log_prob": engine.compute_log_prob(_batch(0))[0]}
+        for seed in range(1, 3):
+            run[f"metrics{seed}"] = engine.train_step(_batch(seed), noisy_loss)
+        run["between"] = {
+            "params": {p.device.type for p in engine.model.parameters()},
+            "moments": {
+                v.device.type
+                for state in engine.optimizer.state.values()
+                for k, v in state.items()
+                if k != "step"
+            },
+            "allocated": torch.cuda.memory_allocated(),
+        }
+        engine.save_checkpoint(f"{ckpt}_{offload}")
+        run["after_save"] = {p.device.type for p in engine.model.parameters()}
+        run["weights"] = _weights(engine)
+        run["log_prob_after"] = engine.compute_log_prob(_batch(0))[0]
+        out[offload] = run
+        del engine
+        torch.cuda.empty_cache()
+    return out
+
+
+def test_megatron_cpu_offload_changes_where_not_what(tmp_path) -> None:
+    """verl's ``megatron.{param,grad,optimizer}_offload``: log-probs, steps, streamed weights
+    bitwise the same as without offload; between calls the weights and AdamW's moments are in
+    host memory and the GPU holds less."""
+    path = build_tiny_model(str(tmp_path / "tiny"))
+    results = run_on_ranks(
+        _offload_scenario, _world(), path, str(tmp_path / "ckpt"), backend="nccl", timeout_s=600
+    )
+    for rank in results:
+        plain, offloaded = rank[False], rank[True]
+        for key in ("log_prob", "log_prob_after"):
+            torch.testing.assert_close(offloaded[key], plain[key], rtol=0, atol=0)
+        for seed in (1, 2):  # the peak memory differs, the step does not
+            same = {k: v for k, v in plain[f"metrics{seed}"].items() if "memory" not in k}
+            assert {k: offloaded[f"metrics{seed}"][k] for k in same} == same
         for name, tensor in plain["weights"].items():
-            torch.testing.assert_close(checkpointed["weights"][name], tensor, rtol=0, atol=1e-6)
+            torch.testing.assert_close(offloaded["weights"][name], tensor, rtol=0, atol=0)
+        assert plain["between"]["params"] == {"cuda"}
+        assert offloaded["between"]["params"] == {"cpu"} == offloaded["after_save"]
+        assert offloaded["between"]["moments"] == {"cpu"}
+        assert offloaded["between"]["allocated"] < plain["between"]["allocated"]

@@ -32,7 +32,7 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     """
     from polyrl.config.keys import check_override_keys, schema_keys
     from polyrl.config.sections import schema_config
-    from polyrl.config.verl_compat import mount
+    from polyrl.config.verl_compat import apply_global_micro_batches, mount
 
     # The schema is stored afresh each time: installed plugins' sections are part of it, and a
     # plugin registered in-process (polyrl.register) may have added some since the last call.
@@ -51,6 +51,7 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
         )
         cfg = _compose([*overrides, f"{ALGORITHM_DEFAULTS_GROUP}={name}"])
     _merge_plugin_settings(cfg)
+    apply_global_micro_batches(cfg, overrides)
     OmegaConf.resolve(cfg)
     return cfg
 

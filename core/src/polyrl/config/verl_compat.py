@@ -276,8 +276,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "verl's reward_manager group", "reward_model.reward_manager and custom_reward_function"
     ),
     # --- algorithm ---
-    "algorithm.use_pf_ppo": Refused("PF-PPO reweighting", "remove it"),
-    "algorithm.pf_ppo.*": Refused("PF-PPO reweighting", "remove it"),
     "algorithm.rollout_correction.*": Refused(
         "rollout correction (importance sampling and rejection)",
         "actor_rollout_ref.actor.tis_imp_ratio_cap",
@@ -567,8 +565,8 @@ def _show(value: Any) -> str:
 __all__ = [
     "ALIASES",
     "DISPOSITIONS",
-    "NOT_SUPPORTED",
     "GLOBAL_MICRO_BATCHES",
+    "NOT_SUPPORTED",
     "NoEffect",
     "PerGpu",
     "Refused",

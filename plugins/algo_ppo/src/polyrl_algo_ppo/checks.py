@@ -19,6 +19,7 @@ from polyrl.api import (
     looks_local,
     role_world,
 )
+from polyrl_algo_ppo.settings import REWEIGHT_METHODS
 
 CRITIC = "critic"
 
@@ -83,6 +84,7 @@ def _check_ranges(c: Checker) -> None:
     c.number("critic.grad_clip", lambda v: v > 0, "> 0")
     c.number("trainer.critic_warmup", at_least(0), ">= 0 (steps)", integer=True)
     c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
+    c.choice("algorithm.pf_ppo.reweight_method", REWEIGHT_METHODS)
     for key in (
         "forward_micro_batch_size_per_gpu",
         "ppo_max_token_len_per_gpu",

@@ -23,6 +23,7 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         config_defaults={"algorithm.adv_estimator": "gae"},
         config_check="polyrl_algo_ppo.checks:check_config",
         config_sections=CONFIG_SECTIONS,
+        owned_keys=("algorithm.use_pf_ppo", "algorithm.pf_ppo"),
     )
 
 

@@ -63,4 +63,28 @@ class CriticWarmupSettings:
     critic_warmup: int = 0
 
 
-CONFIG_SECTIONS = {"critic": CriticSettings, "trainer": CriticWarmupSettings}
+REWEIGHT_METHODS = ("pow", "max_min", "max_random")
+
+
+@dataclass
+class PfPpoSettings:
+    """verl's PF-PPO reweighting (:mod:`polyrl_algo_ppo.pf_ppo`): ``reweight_method`` pow,
+    max_min or max_random; ``weight_pow``: the power of ``pow``."""
+
+    reweight_method: str = "pow"
+    weight_pow: float = 2.0
+
+
+@dataclass
+class PfPpoSwitch:
+    """``algorithm.use_pf_ppo``: resample the batch by its scores after the advantages."""
+
+    use_pf_ppo: bool = False
+    pf_ppo: PfPpoSettings = field(default_factory=PfPpoSettings)
+
+
+CONFIG_SECTIONS = {
+    "critic": CriticSettings,
+    "trainer": CriticWarmupSettings,
+    "algorithm": PfPpoSwitch,
+}

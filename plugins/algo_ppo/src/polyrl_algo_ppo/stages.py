@@ -1,7 +1,7 @@
 """PPO's step: the standard policy-gradient step with a critic::
 
-    gen -> reward -> old_log_prob -> [ref] -> [kl_in_reward] -> values -> adv -> update_critic
-        -> update_actor -> update_weights
+    gen -> reward -> old_log_prob -> [ref] -> [kl_in_reward] -> values -> adv -> [pf_ppo]
+        -> update_critic -> update_actor -> update_weights
 
 ``values`` is the critic's forward pass (GAE reads it), ``update_critic`` regresses the critic on
 the returns with the driver's mini-batch planner (``critic.ppo_mini_batch_size`` prompts,
@@ -28,6 +28,7 @@ from polyrl.api import (
     policy_gradient_pipeline,
 )
 from polyrl_algo_ppo.metrics import value_metrics
+from polyrl_algo_ppo.pf_ppo import PfPpoStage
 
 
 def critic_plan(cfg: Any, num_rows: int, dp_size: int, step: int) -> MiniBatchPlan:
@@ -116,6 +117,8 @@ def ppo_pipeline(cfg: Any) -> StepPipeline:
     step = policy_gradient_pipeline(cfg)
     step.insert_before("adv", ValuesStage())
     step.insert_after("adv", UpdateCriticStage())
+    if cfg.algorithm.use_pf_ppo:  # the critic and the actor learn from the resampled batch
+        step.insert_after("adv", PfPpoStage(cfg))
     warmup = int(cfg.trainer.critic_warmup)
     if warmup > 1:
         for name in ("update_actor", "update_weights"):
