@@ -127,3 +127,30 @@ def test_a_verl_command_line_validates_with_its_meaning(name: str) -> None:
         assert got == value, (key, got)
     assert cfg.actor_rollout_ref.ref.fsdp_config.param_offload is True
     assert cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 2
+
+
+def test_verls_global_micro_batch_sizes_are_divided_by_the_data_parallel_size() -> None:
+    """verl's deprecated global keys, as its tuning scripts still set them: verl divides each by
+    the data-parallel size (here 4 workers / TP 2 = 2) and uses the quotient per GPU."""
+    from polyrl.errors import ConfigError
+
+    base = [
+        "actor_rollout_ref.model.path=builtin:tiny",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+    ]
+    cfg = load_config(
+        [
+            *base,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size=16",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size=6",
+        ]
+    )
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 4
+    assert arr.rollout.log_prob_micro_batch_size_per_gpu == 8
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == 3
+    with pytest.raises(ConfigError, match="both set"):
+        load_config([*base, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
