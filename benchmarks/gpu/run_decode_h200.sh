@@ -6,7 +6,8 @@
 #   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
 # Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
-# PARTS (tests decode mix warm: which parts to run, in that order).
+# PARTS (tests decode mix warm profile: which parts to run, in that order), RUNS (timed runs, 3),
+# TESTS_TIMEOUT (seconds for the CUDA tests, 600).
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
 baseline=${BASELINE:-.baseline/plugins/rollout_hf/src}
@@ -16,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$results/d
 for part in ${PARTS:-tests decode mix warm}; do
     case $part in
     tests)
-        python3 -m pytest plugins/rollout_hf/tests -q -x -k cuda 2>&1 | tail -15 |
+        timeout "${TESTS_TIMEOUT:-600}" python3 -m pytest plugins/rollout_hf/tests -q -k cuda 2>&1 | tail -15 |
             tee "$results/cuda_tests.log" ;;
     decode)
         for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512"; do
@@ -25,7 +26,7 @@ for part in ${PARTS:-tests decode mix warm}; do
                 source_arg=()
                 [ $side = baseline ] && source_arg=(--source "$baseline")
                 python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
-                    --max-new-tokens "$3" --runs 3 --label "$side" "${source_arg[@]}" \
+                    --max-new-tokens "$3" --runs "${RUNS:-3}" --label "$side" "${source_arg[@]}" \
                     --greedy-out "$results/greedy_${1}_${3}_$side.pt" \
                     --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
             done
@@ -36,7 +37,7 @@ for part in ${PARTS:-tests decode mix warm}; do
             source_arg=()
             [ $side = baseline ] && source_arg=(--source "$baseline")
             python3 benchmarks/gpu/bench_length_mix.py --shape qwen2-0.5b --device cuda \
-                --prompts 128 --n 8 --slots 256 --max-new-tokens 256 --prompt-len 64 --runs 3 \
+                --prompts 128 --n 8 --slots 256 --max-new-tokens 256 --prompt-len 64 --runs "${RUNS:-3}" \
                 --label "$side" "${source_arg[@]}" --json "$results/length_mix.jsonl" 2>&1 |
                 grep -v "Loading weights\|Writing model"
         done 2>&1 | tee "$results/length_mix.log" ;;
