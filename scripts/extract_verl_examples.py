@@ -26,7 +26,10 @@ import sys
 ENTRY = "verl.trainer.main_ppo"
 SUFFIXES = (".sh", ".slurm")
 COMMAND_ENDS = ("|", "||", "&&", ";", "&")
-ASSIGNMENT = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)(\+?)=(.*)$")
+ASSIGNMENT = re.compile(
+    r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)(\+?)=(.*)$", re.DOTALL
+)
+CONDITION = re.compile(r"^(if|elif)\s+\[\[?\s+(\S+)\s+(==?|!=)\s+(\S+)\s+\]\]?\s*;?\s*(?:then)?$")
 
 
 def git(repo: str, *args: str) -> str:
@@ -53,7 +56,7 @@ def logical_lines(text: str) -> list[str]:
             continue
         current += line
         depth += _open_parens(line)
-        if depth > 0:
+        if depth > 0 or _open_quote(current):
             current += "\n"
             continue
         joined.append(current)
@@ -61,6 +64,24 @@ def logical_lines(text: str) -> list[str]:
     if current:
         joined.append(current)
     return joined
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` ends inside a quoted string (a value that goes on over lines)."""
+    quote = None
+    escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            break
+    return quote is not None
 
 
 def _open_parens(line: str) -> int:
@@ -77,8 +98,11 @@ def strip_comment(line: str) -> str:
             quote = None if ch == quote else quote
         elif ch in "'\"":
             quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
-            break
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t\n"):
+            end = line.find("\n", i)
+            if end < 0:
+                break
+            return "".join(out) + strip_comment(line[end:])
         out.append(ch)
     return "".join(out)
 
@@ -140,7 +164,16 @@ class Shell:
                     i += array.end()
                     continue
                 text_out, used = self.expand(text[i:])
-                current.append(text_out)
+                # an unquoted variable's value splits into words; a command left as written
+                # ($(...), which the reader does not run) stays one
+                split = quote is None and "$(" not in text_out
+                pieces = text_out.split() if split else [text_out]
+                if len(pieces) > 1:
+                    words.append("".join(current) + pieces[0])
+                    words.extend(pieces[1:-1])
+                    current = [pieces[-1]]
+                else:
+                    current.append(text_out if not split else "".join(pieces))
                 started = True
                 i += used
                 continue
@@ -163,6 +196,10 @@ class Shell:
             expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: self.vars.get(m[1], m[1]), arith[1])
             value = arithmetic(expr)
             return (arith[0] if value is None else str(value)), arith.end()
+        replace = re.match(r"\$\{([A-Za-z_]\w*)//([^/}]*)/([^}]*)\}", text)
+        if replace:  # ${VAR//pattern/replacement}, a plain-text pattern
+            value = self.vars.get(replace[1], "")
+            return value.replace(replace[2], replace[3]), replace.end()
         braced = re.match(r"\$\{([A-Za-z_]\w*|\d)(?::?([-=+])([^}]*))?\}", text)
         if braced:
             name, op, default = braced[1], braced[2], braced[3]
@@ -216,8 +253,11 @@ def arithmetic(expr: str) -> int | None:
 
 def extract(text: str) -> list[str] | None:
     shell = Shell()
+    branches = Branches(shell)
     for line in logical_lines(text):
         code = strip_comment(line).strip()
+        if branches.consume(code) or not branches.active():
+            continue
         if ENTRY in code:
             words = shell.words(code)
             start = next(i for i, w in enumerate(words) if ENTRY in w)
@@ -232,6 +272,51 @@ def extract(text: str) -> list[str] | None:
         if match:
             shell.assign(match[1], bool(match[2]), match[3])
     return None
+
+
+class Branches:
+    """``if [[ A == B ]]; then ... elif ... else ... fi`` with string tests the script's variables
+    decide: only the taken branch runs. A condition of another form runs every branch (the
+    later text wins), as a reader that cannot decide must."""
+
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+        self.stack: list[list[bool | None]] = []  # per if: [running now, a branch was taken]
+
+    def active(self) -> bool:
+        return all(running is not False for running, _ in self.stack)
+
+    def consume(self, code: str) -> bool:
+        """Follow ``code`` if it is a line of an ``if``; whether it was."""
+        match = CONDITION.match(code)
+        word = code.split(maxsplit=1)[0].rstrip(";") if code else ""
+        if match:
+            value = self._test(match[2], match[3], match[4])
+            if match[1] == "if":
+                self.stack.append([value, value is True])
+            elif self.stack:
+                frame = self.stack[-1]
+                frame[0] = None if value is None else (value and not frame[1])
+                frame[1] = frame[1] or value is True
+            return True
+        if word in ("if", "elif") and code.rstrip().endswith(("then", "; then")):
+            if word == "if":
+                self.stack.append([None, False])
+            return True
+        if word == "else" and self.stack:
+            frame = self.stack[-1]
+            frame[0] = None if frame[0] is None and not frame[1] else not frame[1]
+            return True
+        if word == "fi" and self.stack:
+            self.stack.pop()
+            return True
+        return False
+
+    def _test(self, left: str, op: str, right: str) -> bool | None:
+        a, b = (self.shell.words(side) for side in (left, right))
+        if len(a) != 1 or len(b) != 1 or "$" in a[0] + b[0]:
+            return None
+        return (a[0] == b[0]) == (op != "!=")
 
 
 CONFIGS = ("_generated_ppo_trainer.yaml", "_generated_ppo_megatron_trainer.yaml")
