@@ -77,6 +77,15 @@ def test_the_reference_has_its_own_sizes_on_a_pool_of_its_own():
     assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2", f"{REF_TP}=2")) == []
 
 
+def test_a_critic_runs_with_the_actors_megatron_settings():
+    assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=2")) == []
+    (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", "critic.megatron.param_offload=true"))
+    assert line.startswith(
+        "critic.megatron.param_offload=True differs from the actor's False and asks for a critic "
+        "split or offloaded otherwise than the actor (verl); polyrl does not support it"
+    )
+
+
 def test_override_transformer_config_problems():
     key = "actor_rollout_ref.actor.megatron.override_transformer_config"
     assert check_config(_cfg(f"{key}.recompute_granularity=full")) == [

@@ -5,6 +5,7 @@ forward needs a GPU (they run on the GPU machine: ``pytest plugins/engine_megatr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,16 +34,27 @@ class TestMegatronConformance(TrainingEngineConformance):
     plugin_name = "megatron"
     vocab_size = TOKENIZER_VOCAB_SIZE
     check_non_finite_skip = True
+    check_value_head = True
 
     def make_engine(self, tmp_path: Any) -> Any:
+        return self._engine(role="actor")
+
+    def make_value_engine(self, tmp_path: Any) -> Any:
+        return self._engine(role="critic")
+
+    @staticmethod
+    def _engine(role: str) -> Any:
         import torch
 
         if not torch.cuda.is_available():
             pytest.skip("megatron-core's forward needs CUDA; this test runs on the GPU machine")
+        from polyrl.interfaces.training_engine import ModelHead
         from polyrl_engine_megatron.engine import MegatronEngine
 
         engine = {
             "ppo_micro_batch_size_per_gpu": 1,
             "optim": {"lr": 1e-2, "clip_grad": 1.0},
         }
-        return MegatronEngine(megatron_context(tiny_model("mcore_conf_"), engine=engine))
+        ctx = megatron_context(tiny_model("mcore_conf_"), engine=engine, role=role)
+        head = ModelHead.VALUE if role == "critic" else ModelHead.CAUSAL_LM
+        return MegatronEngine(replace(ctx, head=head))

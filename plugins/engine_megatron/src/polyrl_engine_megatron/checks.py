@@ -81,6 +81,24 @@ def _world_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _critic_problems(cfg: Any) -> list[str]:
+    """A Megatron critic runs with the actor's ``megatron`` settings (its engine node is the
+    actor's with the critic's batch and optimizer keys over it): a ``critic.megatron`` key set
+    otherwise is refused, not ignored."""
+    critic = cfg.get("critic")
+    if critic is None or "megatron" not in critic:
+        return []
+    actor = cfg.actor_rollout_ref.actor.megatron
+    return [
+        f"critic.megatron.{key}={critic.megatron[key]} differs from the actor's "
+        f"{actor[key]} and asks for a critic split or offloaded otherwise than the actor "
+        f"(verl); polyrl does not support it: the critic runs with {MEGATRON}'s settings, "
+        f"leave critic.megatron.{key} unset"
+        for key in critic.megatron
+        if key != "override_transformer_config" and critic.megatron[key] != actor[key]
+    ]
+
+
 def check_config(cfg: Any) -> list[str]:
     """The Megatron engine's rules for the composed run config (selected as training engine)."""
     arr = cfg.actor_rollout_ref
@@ -97,6 +115,7 @@ def check_config(cfg: Any) -> list[str]:
     for node, megatron in ((MEGATRON, actor.megatron), (REF_MEGATRON, ref.megatron)):
         given = OmegaConf.to_container(megatron.override_transformer_config, resolve=True)
         problems += split(given, f"{node}.override_transformer_config")[1]
+    problems += _critic_problems(cfg)
     sizes = parallel_problems(actor.megatron)
     if not sizes:  # the reference's sizes follow the actor's unless set
         sizes = parallel_problems(ref.megatron, REF_MEGATRON)

@@ -34,6 +34,8 @@ from polyrl.api import (
     DataParallelRank,
     EngineContext,
     MicroBatchLossFn,
+    MicroBatchValueLossFn,
+    ModelHead,
     TrainingEngine,
     schema_node,
 )
@@ -76,6 +78,22 @@ log = logging.getLogger(__name__)
 
 # What a loss function run on a micro-batch's scores returns: the loss and what to record
 ScoredLoss = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, Any]]
+# A micro-batch through the model: the stage's output, and its scores back to [b, R]
+ScoreForward = Callable[[Any, Batch], tuple[torch.Tensor, Callable]]
+
+
+def value_head(shape: GPTShape, hf_config: Any, seed: int, device: torch.device) -> torch.nn.Linear:
+    """A critic's head on the last stage: hidden state -> one value, float32, the same on every
+    tensor-parallel rank (each holds the whole hidden state); initialised as transformers
+    initialises a token-classification head (normal weights at the config's
+    ``initializer_range``, zero bias), seeded by ``seed``."""
+    head = torch.nn.Linear(shape.hidden_size, 1)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        std = float(getattr(hf_config, "initializer_range", 0.02))
+        head.weight.normal_(0.0, std, generator=generator)
+        head.bias.zero_()
+    return head.to(device)
 
 
 def _megatron_node(ctx: EngineContext) -> Any:
@@ -131,7 +149,9 @@ def _join_process_group(ctx: EngineContext) -> torch.device:
 
 
 class MegatronEngine(TrainingEngine):
-    """megatron-core engine for ``actor`` (trainable) and ``ref`` (frozen) roles."""
+    """megatron-core engine for ``actor`` (trainable) and ``ref`` (frozen) roles, and for value
+    models (a critic, ``EngineContext.head=ModelHead.VALUE``: a one-value head on the last
+    stage's hidden states)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -177,6 +197,13 @@ class MegatronEngine(TrainingEngine):
             self.tp_rank,
             self.settings.trust_remote_code,
         )
+        self.head = ModelHead(ctx.head)
+        self.value_head: torch.nn.Module | None = None
+        if self.head is ModelHead.VALUE and self.stage.is_last:
+            self.value_head = value_head(self.shape, self.hf_config, ctx.seed, self.device)
+            self.model.add_module("value_head", self.value_head)
+            if not (self.shape.tied and self.pp > 1):  # a tied copy still sums the embedding's
+                self.model.output_layer.requires_grad_(False)  # the LM head: unused by a critic
         self.stage_weights = StageWeights(
             self.model, stages, self.pp_rank, self.pp_group, self.device
         )
@@ -199,7 +226,7 @@ class MegatronEngine(TrainingEngine):
             self.model.requires_grad_(False)
         self.model.train(self.trainable)
         self.global_step = 0
-        self.metric_prefix = "critic" if ctx.role == "critic" else "actor"
+        self.metric_prefix = "critic" if self.head is ModelHead.VALUE else "actor"
         self.offload = HostOffload(
             self.model,
             lambda: self.optimizer,
@@ -219,21 +246,28 @@ class MegatronEngine(TrainingEngine):
         ranks may run different numbers: gradients are reduced once, after the last one."""
         return plan_micro_batches(batch, self.settings, training)
 
+    def _scores(self, temperature: float, entropy: EntropyMode) -> ScoreForward:
+        """The forward that scores a micro-batch with this engine's head: log-probs (and
+        entropy) of a causal LM, or a value model's values."""
+        if self.head is ModelHead.VALUE:  # the head is on the last stage (None elsewhere)
+            return lambda model, micro: self.scorer.forward_values(model, micro, self.value_head)
+        return lambda model, micro: self.scorer.forward(
+            model, micro, temperature=temperature, entropy=entropy
+        )
+
     def _forward_step(
-        self, temperature: float, entropy: EntropyMode, scored_loss: ScoredLoss
+        self, scores: ScoreForward, scored_loss: ScoredLoss
     ) -> Callable[[Iterator[Batch], Any], tuple[torch.Tensor, Callable]]:
         """megatron-core's ``forward_step_func``: the next micro-batch through this stage, and
-        the loss function the last stage runs on its scores (log-probs and entropy ``[b, R]``,
-        zero on padding, then ``scored_loss``)."""
+        the loss function the last stage runs on its ``scores`` (``[b, R]``, zero on padding,
+        then ``scored_loss``)."""
 
         def step(micros: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Callable]:
             micro = next(micros)
             with torch.autocast(
                 "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
             ):
-                output, to_response = self.scorer.forward(
-                    model, micro, temperature=temperature, entropy=entropy
-                )
+                output, to_response = scores(model, micro)
 
             def loss(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
                 log_prob, ent = to_response(scores)
@@ -254,10 +288,22 @@ class MegatronEngine(TrainingEngine):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the response tokens; filled on the last stage (the rank
         that returns the output), zeros on the others."""
-        rows, width = batch["responses"].shape
-        log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        entropies = torch.zeros((rows, width), dtype=torch.float32) if calculate_entropy else None
+        self._require_head(ModelHead.CAUSAL_LM, "compute_log_prob")
         mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
+        return self._no_grad_scores(batch, self._scores(temperature, mode), calculate_entropy)
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Values of the response tokens (a critic); filled on the last stage, zeros on the
+        others."""
+        self._require_head(ModelHead.VALUE, "compute_values")
+        return self._no_grad_scores(batch, self._scores(1.0, EntropyMode.NONE), False)[0]
+
+    def _no_grad_scores(
+        self, batch: Batch, scores: ScoreForward, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rows, width = batch["responses"].shape
+        values = torch.zeros((rows, width), dtype=torch.float32)
+        entropies = torch.zeros((rows, width), dtype=torch.float32) if with_entropy else None
         groups = self._micro_batches(batch, training=False)
         micros = [
             batch.select_keys(MODEL_KEYS).select_rows(torch.tensor(group, dtype=torch.long))
@@ -265,23 +311,30 @@ class MegatronEngine(TrainingEngine):
         ]
         zero = torch.zeros((), device=self.device)
 
-        def keep_scores(micro: Batch, log_prob: torch.Tensor, ent: torch.Tensor | None):
-            return zero, (log_prob.float().cpu(), None if ent is None else ent.float().cpu())
+        def keep_scores(micro: Batch, score: torch.Tensor, ent: torch.Tensor | None):
+            return zero, (score.float().cpu(), None if ent is None else ent.float().cpu())
 
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self.offload.call():
-                step = self._forward_step(temperature, mode, keep_scores)
+                step = self._forward_step(scores, keep_scores)
                 records = run_schedule(self.model, micros, step, forward_only=True)
         finally:
             self.model.train(was_training)
-        for group, (log_prob, ent) in zip(groups, records):
+        for group, (score, ent) in zip(groups, records):
             index = torch.tensor(group, dtype=torch.long)
-            log_probs[index] = log_prob
+            values[index] = score
             if entropies is not None and ent is not None:
                 entropies[index] = ent
-        return log_probs, entropies
+        return values, entropies
+
+    def _require_head(self, head: ModelHead, method: str) -> None:
+        if self.head is not head:
+            raise EngineUsageError(
+                f"{method} needs a {head.value} engine; this one (role {self.ctx.role!r}) was "
+                f"built with a {self.head.value} head"
+            )
 
     def train_step(
         self, mini_batch: Batch, loss_fn: MicroBatchLossFn, *, temperature: float = 1.0
@@ -289,18 +342,42 @@ class MegatronEngine(TrainingEngine):
         """One optimizer step. Each micro-batch reaches ``loss_fn`` on the GPU with ``meta`` keys
         ``mini_batch_rows``, ``mini_batch_response_tokens`` (this data-parallel rank's) and
         ``num_micro_batches``; the loss metrics come from the last stage."""
-        require_trainable(self.optimizer, self.scheduler, self.ctx.role)
-        groups = self._micro_batches(mini_batch, training=True)
+        self._require_head(ModelHead.CAUSAL_LM, "train_step")
         mode = entropy_mode(loss_fn)
         entropy = EntropyMean()
+        scored_loss = policy_loss(loss_fn, mode, entropy)
+        return self._train(mini_batch, self._scores(temperature, mode), scored_loss, entropy)
+
+    def train_value_step(
+        self, mini_batch: Batch, loss_fn: MicroBatchValueLossFn
+    ) -> dict[str, float]:
+        """One optimizer step of the value model on ``loss_fn`` of its values, micro-batches
+        as in :meth:`train_step`."""
+        self._require_head(ModelHead.VALUE, "train_value_step")
+        return self._train(
+            mini_batch,
+            self._scores(1.0, EntropyMode.NONE),
+            lambda micro, values, _: loss_fn(micro, values),
+        )
+
+    def _train(
+        self,
+        mini_batch: Batch,
+        scores: ScoreForward,
+        scored_loss: ScoredLoss,
+        entropy: EntropyMean | None = None,
+    ) -> dict[str, float]:
+        require_trainable(self.optimizer, self.scheduler, self.ctx.role)
+        groups = self._micro_batches(mini_batch, training=True)
         micros = list(micro_batches_on(mini_batch, groups, self.device))
         self.model.train()
         peak = StepPeakMemory(self.device)
-        step = self._forward_step(temperature, mode, policy_loss(loss_fn, mode, entropy))
+        step = self._forward_step(scores, scored_loss)
         with self.offload.call():
             result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
             grad_norm, lr = self._optimizer_step()
-        entropy.report(result, self.metric_prefix)
+        if entropy is not None:
+            entropy.report(result, self.metric_prefix)
         peak.report(result, self.metric_prefix)
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
@@ -362,6 +439,7 @@ class MegatronEngine(TrainingEngine):
         """Full float32 tensors under their HF names, on every rank: each stage's weights are
         broadcast over the pipeline group, each tensor-parallel weight gathered over the TP
         group (collectives) and converted back to the HF layout, one at a time."""
+        self._require_head(ModelHead.CAUSAL_LM, "named_weights (weight sync, HF export)")
         return self.offload.stream(self._weights())
 
     def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -18,7 +18,8 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         name="megatron",
         description=(
             "megatron-core GPTModel (local spec, no Transformer Engine): tensor + data "
-            "parallelism from actor.megatron.*, vocab-parallel log-probs, HF export (CUDA)"
+            "parallelism from actor.megatron.*, vocab-parallel log-probs, value heads (critics), "
+            "CPU offload, HF export (CUDA)"
         ),
         engine="polyrl_engine_megatron.engine:MegatronEngine",
         supports_cpu=False,
@@ -26,6 +27,7 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         supports_lora=False,
         supports_sequence_packing=False,
         supports_weight_sync=True,
+        supports_value_head=True,
         supports_checkpoint=True,
         checkpoint_reader="polyrl_engine_megatron.checkpoint:read_checkpoint",
         runtime_modules=("torch", "megatron.core"),

@@ -44,6 +44,19 @@ ToResponse = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 @dataclass(frozen=True)
+class _Rows:
+    """One micro-batch laid out for the model: its inputs and attention layout, the labels,
+    the hidden states that predict its response tokens (``select``), and the scores back to
+    ``[b, R]`` (``to_response``)."""
+
+    inputs: tuple[Any, ...]
+    layout: Any
+    labels: torch.Tensor
+    select: Callable[[torch.Tensor], torch.Tensor]
+    to_response: ToResponse
+
+
+@dataclass(frozen=True)
 class ScoringPaths:
     packed: bool  # each micro-batch one packed row (use_remove_padding)
     fused: bool  # log-probs from the hidden states (use_fused_kernels, packed)
@@ -80,49 +93,76 @@ class Scorer:
         """``micro`` through this rank's stage (call under the compute dtype's autocast): the
         stage's output (the activation for the next stage, or the last stage's scores), and the
         function that turns the last stage's scores into ``[b, R]``."""
-        width = micro["responses"].shape[1]
-        if self.paths.packed:
-            ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
-            packed = pack_rows(ids, mask, width)
-            layout = packed_layout(packed, self.shape.head_dim, self.shape.rope_theta)
-            inputs = (packed.input_ids, packed.position_ids, None)
-            labels = packed.labels
-
-            def select(hidden: torch.Tensor) -> torch.Tensor:
-                return hidden[packed.score_index, 0]  # [M, hidden]
-
-            def to_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-                ent = unpack(scores[1], packed) if len(scores) > 1 else None
-                return unpack(scores[0], packed), ent
-
-        else:
-            trimmed, _, response_attention = model_inputs(micro, self.device)
-            kept = trimmed.kept_response
-            layout = padded_layout(trimmed.position_ids, self.shape.head_dim, self.shape.rope_theta)
-            inputs = (
-                trimmed.input_ids,
-                trimmed.position_ids,
-                attention_mask(trimmed.attention_mask),
-            )
-            labels = trimmed.labels
-
-            def select(hidden: torch.Tensor) -> torch.Tensor:
-                return hidden[-(kept + 1) : -1].transpose(0, 1)  # [b, kept, hidden]
-
-            def to_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-                ent = scores[1] if len(scores) > 1 else None
-                return pad_to_response(scores[0], ent, response_attention, kept)
+        rows = self._rows(micro)
 
         def score(
             hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, **_: Any
         ) -> torch.Tensor:
             log_prob, ent = self._score(
-                select(hidden_states), output_layer, output_weight, labels, temperature, entropy
+                rows.select(hidden_states),
+                output_layer,
+                output_weight,
+                rows.labels,
+                temperature,
+                entropy,
             )
             return log_prob.unsqueeze(0) if ent is None else torch.stack((log_prob, ent))
 
-        output = model(*inputs, packed_seq_params=layout, output_processor=score)
-        return output, to_response
+        output = model(*rows.inputs, packed_seq_params=rows.layout, output_processor=score)
+        return output, rows.to_response
+
+    def forward_values(
+        self, model: Any, micro: Batch, value_head: torch.nn.Module
+    ) -> tuple[torch.Tensor, ToResponse]:
+        """As :meth:`forward`, scored by a value model: ``value_head`` (hidden -> 1) at the
+        positions that predict each response token, in float32."""
+        rows = self._rows(micro)
+
+        def score(hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
+            return value_head(rows.select(hidden_states))[..., 0].float().unsqueeze(0)
+
+        output = model(*rows.inputs, packed_seq_params=rows.layout, output_processor=score)
+        return output, rows.to_response
+
+    def _rows(self, micro: Batch) -> _Rows:
+        """The model inputs of ``micro`` in the chosen layout, and how its scores come back."""
+        width = micro["responses"].shape[1]
+        if self.paths.packed:
+            ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
+            packed = pack_rows(ids, mask, width)
+
+            def to_packed_response(
+                scores: torch.Tensor,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                ent = unpack(scores[1], packed) if len(scores) > 1 else None
+                return unpack(scores[0], packed), ent
+
+            return _Rows(
+                inputs=(packed.input_ids, packed.position_ids, None),
+                layout=packed_layout(packed, self.shape.head_dim, self.shape.rope_theta),
+                labels=packed.labels,
+                select=lambda hidden: hidden[packed.score_index, 0],  # [M, hidden]
+                to_response=to_packed_response,
+            )
+        trimmed, _, response_attention = model_inputs(micro, self.device)
+        kept = trimmed.kept_response
+
+        def to_padded_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            ent = scores[1] if len(scores) > 1 else None
+            return pad_to_response(scores[0], ent, response_attention, kept)
+
+        return _Rows(
+            inputs=(
+                trimmed.input_ids,
+                trimmed.position_ids,
+                attention_mask(trimmed.attention_mask),
+            ),
+            layout=padded_layout(trimmed.position_ids, self.shape.head_dim, self.shape.rope_theta),
+            labels=trimmed.labels,
+            # [b, kept, hidden]
+            select=lambda hidden: hidden[-(kept + 1) : -1].transpose(0, 1),
+            to_response=to_padded_response,
+        )
 
     def _score(
         self,
