@@ -65,14 +65,22 @@ def _record_full_gradients(engine: Any) -> dict[str, torch.Tensor]:
 
 
 def _engines_run(
-    path: str, rank: int, world: int, sp: int, device: str = "cpu", mixed: bool = False
+    path: str,
+    rank: int,
+    world: int,
+    sp: int,
+    device: str = "cpu",
+    mixed: bool = False,
+    rows: list[int] | None = None,
+    heads: tuple[ModelHead, ...] = (ModelHead.CAUSAL_LM, ModelHead.VALUE),
 ) -> dict[str, Any]:
-    """Policy and value engines of the given Ulysses size: scores, one step, scores after."""
+    """Engines of the given Ulysses size and heads on ``rows`` of the batch (all by default):
+    scores, one step, scores after."""
     from polyrl_engine_fsdp.engine import FSDPEngine
 
-    batch = _batch()
+    batch = _batch() if rows is None else _batch().select_rows(rows)
     out: dict[str, Any] = {}
-    for head in (ModelHead.CAUSAL_LM, ModelHead.VALUE):
+    for head in heads:
         ctx = composed_context(
             path,
             model={"dtype": "bfloat16" if mixed else "float32"},
@@ -155,6 +163,53 @@ def test_ulysses_matches_unsplit_on_cpu(unsplit: dict) -> None:
             )
         _assert_same(split, unsplit, {"atol": 2e-5, "rtol": 1e-5})
     assert results[1]["metrics"] == results[0]["metrics"]
+
+
+# dp rank 0 gets 5 rows (3 micro-batches of 2), dp rank 1 one row: it adds 2 dummy passes, which
+# under sequence parallelism run the all-to-alls too
+DP_ROWS = ([0, 1, 2, 3, 4], [3])
+
+
+HEADS_POLICY = (ModelHead.CAUSAL_LM,)
+
+
+def _scenario_dp(rank: int, world: int, path: str, sp: int) -> dict:
+    return _engines_run(path, rank, world, sp=sp, rows=DP_ROWS[rank // sp], heads=HEADS_POLICY)
+
+
+def _one_rank(rows: list[int]) -> dict[str, Any]:
+    """The policy engine on one rank without sequence parallelism, in this process."""
+    assert not dist.is_initialized()
+    try:
+        return _engines_run(tiny_model("ulysses_"), 0, 1, sp=1, rows=rows, heads=HEADS_POLICY)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ulysses_groups_are_data_parallel_ranks() -> None:
+    """4 ranks as 2 data-parallel ranks x Ulysses 2 against each data-parallel rank's rows on
+    one rank without it: the same scores and loss per data-parallel rank, and the step's
+    gradients the mean of the two (FSDP averages over data-parallel ranks)."""
+    split = run_on_ranks(_scenario_dp, 4, tiny_model("ulysses_"), 2, timeout_s=400)
+    alone = [_one_rank(rows) for rows in DP_ROWS]
+    for rank, result in enumerate(split):
+        position = result["causal_lm/position"]
+        assert (position.dp_rank, position.dp_size, position.returns_output) == (
+            rank // 2,
+            2,
+            rank % 2 == 0,
+        )
+        want = alone[rank // 2]
+        for key in ("lp", "ent"):
+            torch.testing.assert_close(result[key], want[key], atol=2e-5, rtol=1e-5, msg=key)
+        for key in ("actor/pg_loss", "actor/entropy"):
+            assert result["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5), key
+        for name, grad in result["causal_lm/grads"].items():
+            expected = (alone[0]["causal_lm/grads"][name] + alone[1]["causal_lm/grads"][name]) / 2
+            atol = 2e-5 * max(1.0, float(expected.abs().max()))
+            torch.testing.assert_close(grad, expected, atol=atol, rtol=1e-5, msg=name)
 
 
 @pytest.mark.gpu
