@@ -101,7 +101,7 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "MoE expert parallelism", "expert_model_parallel_size=1"
     ),
     "*.megatron.expert_tensor_parallel_size": Refused(
-        "MoE expert tensor parallelism", "leave expert_tensor_parallel_size unset"
+        "MoE expert tensor parallelism", "expert_tensor_parallel_size=null (unset)"
     ),
     "*.megatron.context_parallel_size": Refused(
         "Megatron context parallelism", "context_parallel_size=1 and use_dynamic_bsz for long rows"
@@ -115,10 +115,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "*.megatron.dist_checkpointing_*": Refused(
         "loading Megatron dist-checkpoints", "actor_rollout_ref.model.path (a Hugging Face folder)"
     ),
-    "*.megatron.override_transformer_config*": Refused(
-        "overriding Megatron's TransformerConfig (recompute, fusions, MoE dispatch)",
-        "remove it: the engine builds its TransformerConfig from the model's config",
-    ),
     "*.megatron.override_*": Refused("overriding Megatron's model/DDP config", "remove it"),
     "*.megatron.use_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
     "*.megatron.vanilla_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
@@ -130,8 +126,9 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "*.megatron.forward_only": NoEffect("the role decides whether it trains"),
     "*.megatron.*": Refused("this Megatron setting", "remove it"),
     "*.optim.override_optimizer_config*": Refused(
-        "Megatron optimizer overrides (CPU optimizer offload, precision-aware optimizer)",
-        "remove them; for optimizer offload use strategy=fsdp2 or deepspeed",
+        "Megatron optimizer overrides (the optimizer step on the CPU, precision-aware optimizer)",
+        "actor_rollout_ref.actor.megatron.optimizer_offload=true (AdamW's moments wait in host "
+        "memory between steps; the step runs on the GPU)",
     ),
     # --- profiling, tracing, metrics export ---
     "*.profiler.*": _PROFILING,

@@ -89,13 +89,14 @@ def _critic_problems(cfg: Any) -> list[str]:
     if critic is None or "megatron" not in critic:
         return []
     actor = cfg.actor_rollout_ref.actor.megatron
+    overrides = "override_transformer_config"
     return [
         f"critic.megatron.{key}={critic.megatron[key]} differs from the actor's "
-        f"{actor[key]} and asks for a critic split or offloaded otherwise than the actor "
-        f"(verl); polyrl does not support it: the critic runs with {MEGATRON}'s settings, "
-        f"leave critic.megatron.{key} unset"
+        f"{actor[key]} and asks for a critic split, offloaded or configured otherwise than the "
+        f"actor (verl); polyrl does not support it: the critic runs with {MEGATRON}'s "
+        f"settings, leave critic.megatron.{key} unset"
         for key in critic.megatron
-        if key != "override_transformer_config" and critic.megatron[key] != actor[key]
+        if critic.megatron[key] != actor[key] and (key != overrides or critic.megatron[key])
     ]
 
 
