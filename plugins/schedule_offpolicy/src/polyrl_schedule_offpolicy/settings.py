@@ -37,9 +37,13 @@ class OffPolicySettings:
     weights after every update, between two chunks, so a long sample does not hold the new
     weights back; a sample cut by a sync continues with the new weights, or starts again."""
 
+    # k: how many policy versions a sample may lag the policy that trains on it
     max_off_policy_threshold: int = 1
+    # a batch staler than k (from a checkpoint of a larger k): wait (generate again) or drop
     max_off_policy_strategy: str = "wait"
+    # off, continue or abort: weight syncs between chunks of generation after every update
     partial_rollout: str = "off"
+    # with partial_rollout: new tokens generated between two chances of a weight sync
     partial_rollout_chunk_tokens: int = 32
 
 
