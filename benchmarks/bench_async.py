@@ -43,7 +43,7 @@ SPLIT = (
 )
 
 
-def modes(ks: list[int], chunk_tokens: int) -> dict[str, tuple[str, ...]]:
+def modes(ks: list[int], partial: list[str], chunk_tokens: int) -> dict[str, tuple[str, ...]]:
     runs = {
         "sync": ("trainer.async_mode=sync",),
         "one_step_off": ("trainer.async_mode=one_step_off",),
@@ -53,11 +53,12 @@ def modes(ks: list[int], chunk_tokens: int) -> dict[str, tuple[str, ...]]:
             "trainer.async_mode=k_step_off",
             f"trainer.off_policy.max_off_policy_threshold={k}",
         )
-        runs[f"k_step_off k={k} partial_rollout=continue"] = (
-            *runs[f"k_step_off k={k}"],
-            "trainer.off_policy.partial_rollout=continue",
-            f"trainer.off_policy.partial_rollout_chunk_tokens={chunk_tokens}",
-        )
+        for policy in partial:
+            runs[f"k_step_off k={k} partial_rollout={policy}"] = (
+                *runs[f"k_step_off k={k}"],
+                f"trainer.off_policy.partial_rollout={policy}",
+                f"trainer.off_policy.partial_rollout_chunk_tokens={chunk_tokens}",
+            )
     return runs
 
 
@@ -94,13 +95,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=13)
     parser.add_argument("--k", type=int, nargs="+", default=[3])
     parser.add_argument("--response-length", type=int, default=64)
+    parser.add_argument("--partial", nargs="*", default=["continue"], choices=["continue", "abort"])
     parser.add_argument("--chunk-tokens", type=int, default=16)
     parser.add_argument("--only", nargs="+", help="run only the modes whose name starts so")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     report = {}
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-async-") as tmp:
-        for name, mode in modes(args.k, args.chunk_tokens).items():
+        for name, mode in modes(args.k, args.partial, args.chunk_tokens).items():
             if args.only and not name.startswith(tuple(args.only)):
                 continue
             records = train(
