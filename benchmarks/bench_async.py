@@ -18,6 +18,7 @@ idle % = 1 - busy / wall; samples/s = responses trained / wall; the medians of
 
     python benchmarks/bench_async.py        # sync, one_step_off, k_step_off k=3 (with partial)
     python benchmarks/bench_async.py --steps 25 --k 2 4 --json async.json
+    python benchmarks/bench_async.py --only "k_step_off k=3 partial" --partial continue abort
 """
 
 from __future__ import annotations
