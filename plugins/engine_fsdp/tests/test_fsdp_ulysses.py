@@ -22,6 +22,7 @@ from polyrl.api import ModelHead
 from polyrl.api.testing import schema_config
 from polyrl.batch import Batch
 from polyrl_engine_fsdp.checks import check_config
+from polyrl_engine_kit.checks import head_problem
 from polyrl_engine_kit.launch import run_on_ranks
 from polyrl_engine_kit.testing import composed_context, ragged_batch, tiny_model
 
@@ -119,7 +120,36 @@ def _engines_run(
 
 
 def _scenario_split(rank: int, world: int, path: str, device: str, mixed: bool) -> dict:
-    return _engines_run(path, rank, world, sp=world, device=device, mixed=mixed)
+    out = _engines_run(path, rank, world, sp=world, device=device, mixed=mixed)
+    if world > 1:
+        out["attention"] = _one_kv_head_attention(rank, world, torch.device(device))
+    return out
+
+
+def _one_kv_head_attention(rank: int, world: int, device: torch.device) -> dict:
+    """Ulysses attention with 2 query heads and 1 key/value head (repeated to one per rank)
+    against the unsplit packed attention on the whole row: outputs and input gradients."""
+    from polyrl_engine_kit.packed_attention import packed_attention_forward
+    from polyrl_engine_kit.ulysses import sequence_parallel_group, ulysses_attention_forward
+
+    gen = torch.Generator().manual_seed(5)
+    length, width = 10, 10 // world
+    whole = [torch.randn(1, heads, length, 8, generator=gen) for heads in (2, 1, 1)]
+    weight = torch.randn(1, length, 2, 8, generator=gen)
+    bounds = {"cu_seq_lens_q": torch.tensor([0, 3, length], dtype=torch.int32), "max_length_q": 7}
+    bounds = {k: v.to(device) if torch.is_tensor(v) else v for k, v in bounds.items()}
+    mine = slice(rank * width, (rank + 1) * width)
+    full_in = [t.to(device).clone().requires_grad_() for t in whole]
+    full, _ = packed_attention_forward(None, *full_in, None, **bounds)
+    (full * weight.to(device)).sum().backward()
+    part_in = [t[:, :, mine].to(device).clone().requires_grad_() for t in whole]
+    sp = sequence_parallel_group(world, device)
+    part, _ = ulysses_attention_forward(None, *part_in, None, sequence_parallel=sp, **bounds)
+    (part * weight[:, mine].to(device)).sum().backward()
+    return {
+        "split": [part.detach().cpu(), *(t.grad.cpu() for t in part_in)],
+        "whole": [full[:, mine].detach().cpu(), *(t.grad[:, :, mine].cpu() for t in full_in)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +192,9 @@ def test_ulysses_matches_unsplit_on_cpu(unsplit: dict) -> None:
                 rank == 0,
             )
         _assert_same(split, unsplit, {"atol": 2e-5, "rtol": 1e-5})
+        attention = split["attention"]
+        for got, want in zip(attention["split"], attention["whole"]):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     assert results[1]["metrics"] == results[0]["metrics"]
 
 
@@ -248,13 +281,17 @@ def test_config_checks_ulysses() -> None:
     )
     (line,) = _check(f"{actor}=2", two, "critic.strategy=fsdp2", f"critic.{SP}=1")
     assert line.startswith(f"critic.{SP}=1 differs from the actor's 2")
+    # 14 heads, 2 key/value heads (Qwen2-0.5B): 2 splits both; 4 does not divide the heads
+    assert head_problem(14, 2, 2, "x") is None and head_problem(14, 2, 4, "x")
+    # 16 heads, 2 key/value heads (Qwen2.5-3B): 4 and 8 repeat the key/value heads; 3 does not
+    assert head_problem(16, 2, 8, "x") is None and head_problem(12, 2, 3, "x")
     path = tiny_model("ulysses_")  # 2 attention heads, 2 key/value heads
     (line,) = _check(
         f"{actor}=4", "trainer.n_gpus_per_node=4", f"actor_rollout_ref.model.path={path}"
     )
     assert line == (
-        f"{actor}=4 must divide the model's 2 attention heads and 2 key/value heads (each rank "
-        f"attends with a share of both); use a common divisor of them"
+        f"{actor}=4 must divide the model's 2 attention heads, and divide or be a multiple of "
+        f"its 2 key/value heads (each rank attends with a share of both); use such a size"
     )
 
 

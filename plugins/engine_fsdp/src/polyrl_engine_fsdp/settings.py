@@ -54,8 +54,8 @@ class SequenceParallelSettings:
     """verl's Ulysses sequence parallelism of one role: each packed micro-batch split over
     this many consecutive ranks, which share its rows (one data-parallel rank) and exchange
     attention heads (:mod:`polyrl_engine_kit.ulysses`). It must divide the role's ranks and the
-    model's attention and key/value heads, and needs ``use_remove_padding``; the critic runs
-    with the actor's size."""
+    model's attention heads, divide or be a multiple of its key/value heads, and needs
+    ``use_remove_padding``; the critic runs with the actor's size."""
 
     ulysses_sequence_parallel_size: int = 1
 

@@ -174,14 +174,15 @@ def unsplit_problem(node: Any, prefix: str) -> str | None:
 
 
 def head_problem(num_heads: int, num_kv_heads: int, size: int, prefix: str) -> str | None:
-    """Under Ulysses each rank attends with ``1 / size`` of the query and of the key/value
-    heads."""
-    if num_heads % size == 0 and num_kv_heads % size == 0:
+    """Under Ulysses each rank attends with ``1 / size`` of the query heads and of the
+    key/value heads; fewer key/value heads than ranks are repeated to one per rank when
+    ``size`` is a multiple of their number."""
+    if num_heads % size == 0 and (num_kv_heads % size == 0 or size % num_kv_heads == 0):
         return None
     return (
-        f"{prefix}.{ULYSSES}={size} must divide the model's {num_heads} attention heads and "
-        f"{num_kv_heads} key/value heads (each rank attends with a share of both); use a "
-        f"common divisor of them"
+        f"{prefix}.{ULYSSES}={size} must divide the model's {num_heads} attention heads, and "
+        f"divide or be a multiple of its {num_kv_heads} key/value heads (each rank attends "
+        f"with a share of both); use such a size"
     )
 
 

@@ -177,8 +177,12 @@ def ulysses_attention_forward(
     """transformers' attention-function contract (``[1, H, slice, D]`` in, ``[1, slice, H, D]``
     out): :func:`~polyrl_engine_kit.packed_attention.packed_attention_forward` on the whole row
     for this rank's share of the heads, between two all-to-alls. Outside torch.compile's
-    graphs: the collectives run eagerly between them."""
+    graphs: the collectives run eagerly between them. Fewer key/value heads than ranks are
+    repeated to one per rank (each query head keeps its own key/value head)."""
     sp = sequence_parallel
+    if key.shape[1] < sp.size:
+        repeat = sp.size // key.shape[1]
+        key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
     # [1, heads, slice, D] -> [1, heads / size, whole row, D]
     q, k, v = (all_to_all(t, sp, 1, 2) for t in (query, key, value))
     out, _ = packed_attention_forward(module, q, k, v, attention_mask, **kwargs)
