@@ -116,8 +116,8 @@ class Shell:
 
     def assign(self, name: str, append: bool, value: str) -> None:
         value = value.strip()
-        if value.startswith("("):
-            words = self.words(value.strip("()\n "))
+        if value.startswith("(") and value.endswith(")"):
+            words = self.words(value[1:-1])
             self.arrays[name] = (self.arrays.get(name, []) if append else []) + words
             return
         words = self.words(value)

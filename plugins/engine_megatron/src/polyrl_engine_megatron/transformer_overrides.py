@@ -63,7 +63,6 @@ SET_BY_MODEL = (
     "variable_seq_lengths",
     "calculate_per_token_loss",
     "perform_initialization",
-    "moe_token_dispatcher_type",
 )
 UNEVEN_STAGES = (
     "num_layers_in_first_pipeline_stage",
