@@ -4,7 +4,7 @@ TransformerConfig, which recompute the engine applies, what is refused or has no
 from __future__ import annotations
 
 import pytest
-from transformers import Qwen2Config
+from test_megatron_convert import QWEN2
 
 from polyrl.api import ConfigError
 from polyrl_engine_megatron.convert import GPTShape
@@ -103,15 +103,7 @@ def test_passed_keys_reach_transformer_config() -> None:
     pytest.importorskip("megatron.core", reason="pip install 'polyrl-engine-megatron[cpu]'")
     from polyrl_engine_megatron.model import transformer_config
 
-    hf = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
+    hf = QWEN2
     shape = GPTShape.from_hf_config(hf, 1)
     config = transformer_config(shape, hf, pipeline_parallel=1, overrides={"init_method_std": 0.5})
     assert config.init_method_std == 0.5 and config.recompute_granularity is None
