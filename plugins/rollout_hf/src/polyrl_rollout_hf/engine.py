@@ -8,9 +8,10 @@ forward gives full control over the distribution, records the exact sampling log
 
 Two decode paths share that loop. The eager one (a ``DynamicCache`` that grows each step) is the
 default on CPU. On CUDA the decode step runs against a static KV cache and is replayed as a CUDA
-graph (:mod:`polyrl_rollout_hf.static_decode`): on an H200 that is ~3-4x the tokens/s of the
-eager loop (see ``benchmarks/README.md``). Both prefill each prompt once for its ``n`` samples
-and sample with the same :func:`~polyrl_rollout_hf.sampling.pick_tokens`.
+graph (:mod:`polyrl_rollout_hf.static_decode`), for Llama-family models through the compiled,
+written-out layers of :mod:`polyrl_rollout_hf.fused_step`, and all samples of a call share the
+decode slots (:mod:`polyrl_rollout_hf.continuous`). Both prefill each prompt once for its ``n``
+samples and sample with the same :func:`~polyrl_rollout_hf.sampling.pick_tokens`.
 """
 
 from __future__ import annotations
