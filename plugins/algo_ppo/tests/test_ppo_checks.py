@@ -59,7 +59,7 @@ def test_an_unknown_critic_engine_is_one_line():
     line = one_problem("critic.strategy=fsdp3")
     assert line == (
         "critic.strategy='fsdp3' is not an installed training engine; engines with a value "
-        "head: fsdp, fsdp2"
+        "head: fsdp, fsdp2, megatron"
     )
 
 
