@@ -66,7 +66,7 @@ from polyrl_schedule_offpolicy.k_step_off import (
     split_step,
     staleness_metrics,
 )
-from polyrl_schedule_offpolicy.settings import PARTIAL_KEY, OffPolicySettings
+from polyrl_schedule_offpolicy.settings import PARTIAL_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -121,31 +121,22 @@ def oldest_token_versions(token_versions: torch.Tensor) -> torch.Tensor:
 
 
 class PartialRolloutSchedule:
-    """The schedule above for ``pipeline`` (:class:`polyrl.step.schedule.StepSchedule`).
+    """The schedule above for ``pipeline`` (:class:`polyrl.step.schedule.StepSchedule`), its
+    settings from ``trainer.off_policy``; ``threshold`` (k) overrides the section's (the
+    one-step mode is k=1)."""
 
-    ``threshold`` (k), ``strategy``, ``mode`` and ``chunk_tokens`` come from
-    ``trainer.off_policy`` unless given."""
-
-    def __init__(
-        self,
-        cfg: Any,
-        pipeline: StepPipeline,
-        threshold: int | None = None,
-        strategy: str | None = None,
-        mode: str | None = None,
-        chunk_tokens: int | None = None,
-    ) -> None:
+    def __init__(self, cfg: Any, pipeline: StepPipeline, threshold: int | None = None) -> None:
         generation, self.training, self.sync_stage = split_step(pipeline)
         problem = chunkable_problem(generation)
         if problem:
             raise ConfigError(problem)
         self.scoring = StepPipeline(generation.stages[1:], initial_keys=())
-        settings = cfg.trainer.off_policy if cfg is not None else OffPolicySettings()
+        settings = cfg.trainer.off_policy
         self.cfg = cfg
         self.threshold = int(threshold or settings.max_off_policy_threshold)
-        self.strategy = str(strategy or settings.max_off_policy_strategy)
-        self.mode = str(mode or settings.partial_rollout)
-        self.chunk_tokens = int(chunk_tokens or settings.partial_rollout_chunk_tokens)
+        self.strategy = str(settings.max_off_policy_strategy)
+        self.mode = str(settings.partial_rollout)
+        self.chunk_tokens = int(settings.partial_rollout_chunk_tokens)
         self.actor_version = 0
         self.rollout_version: int | None = 0
         self._flight: deque[InFlight] = deque()
