@@ -109,3 +109,22 @@ def test_passed_keys_reach_transformer_config() -> None:
     assert config.init_method_std == 0.5 and config.recompute_granularity is None
     with pytest.raises(ConfigError, match="no_such_key"):
         transformer_config(shape, hf, pipeline_parallel=1, overrides={"no_such_key": 1})
+
+
+def test_the_engine_reads_them_from_the_roles_megatron_node() -> None:
+    """What the engine takes from a composed context (CPU: nothing is built): the keys passed to
+    TransformerConfig, the recompute, and verl's offload switches."""
+    pytest.importorskip("megatron.core", reason="pip install 'polyrl-engine-megatron[cpu]'")
+    from mcore_context import megatron_context
+
+    from polyrl_engine_megatron.engine import _megatron_node, _transformer_overrides
+    from polyrl_engine_megatron.offload import OffloadSettings
+
+    overrides = {**VERL_RECOMPUTE, "recompute_method": "block", "init_method_std": 0.01}
+    megatron = {"param_offload": True, "override_transformer_config": overrides}
+    ctx = megatron_context("/unused", engine={}, megatron=megatron)
+    assert OffloadSettings.from_node(_megatron_node(ctx)) == OffloadSettings(params=True)
+    assert _transformer_overrides(ctx, False) == (
+        {"init_method_std": 0.01},
+        Recompute(full=True, layers=1),
+    )
