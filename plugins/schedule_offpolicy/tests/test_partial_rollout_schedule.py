@@ -267,7 +267,10 @@ def test_a_checkpoint_with_samples_half_done_resumes_each_prompt_once(
     )
     first = schedule(mode, k=2)
     run_steps(first, context(roles, prompts), range(1, 3), last=6)
-    assert roles.holding.wait(WAIT_S)
+    deadline = time.monotonic() + WAIT_S  # abort: the sync after step 2 threw batch 3's away
+    while not any(first._flight[0].samples.tokens):
+        assert time.monotonic() < deadline, "batch 3 never started"
+        time.sleep(0.001)
     driver_state = {"step": 2, **first.save(str(tmp_path))}
     saved = driver_state["off_policy"]
     assert saved["partial"] == [3, 4] and saved["ahead"] == [] and saved["last_drawn"] == 4
