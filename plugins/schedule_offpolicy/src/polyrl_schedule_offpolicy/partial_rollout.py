@@ -9,13 +9,17 @@ syncs the weights (the rollout is idle between chunks) and lets generation go on
 ``continue`` the cut samples go on with the new weights, each token keeping the version that
 sampled it (``token_policy_version``; its log-prob is that version's, so the off-policy
 correction, TIS or the decoupled loss, is per token); under ``abort`` they start again from
-their prompt with the new weights.
+their prompt with the new weights. The wait for the chunk in progress is the price of a sync
+(``timing_s/sync_wait``); smaller chunks shorten it and add generate calls. Validation holds
+generation the same way, with the rollout at the actor's weights, until the next step.
 
 **Staleness.** The trainer draws the prompts of steps up to s+k at step s. Batch b is trained by
 version b-1; the thread starts it only once the rollout holds version b-1-k or later, and the
 rollout's version never goes down, so no token of it is more than k versions behind. A sample is
 as stale as its oldest token (``policy_version``); both ``async/staleness/*`` (samples) and
-``async/token_staleness/*`` (tokens) are logged and checked against k at every step.
+``async/token_staleness/*`` (tokens) are logged and checked against k at every step. A batch
+staler than k can only come from a checkpoint of a larger k: ``max_off_policy_strategy``
+``wait`` generates its prompts again, ``drop`` draws new ones.
 
 **Exactly once and resume.** A checkpoint holds every drawn batch: the finished ones whole, the
 others as their prompts (with the uids the samples will have) and the chunks sampled so far. The
