@@ -35,3 +35,46 @@ def test_verl_examples_validate_and_none_stops_on_an_unknown_key(outcomes: list)
     unknown = [(o.script, p) for o in outcomes for p in o.problems if "unknown config key" in p]
     assert unknown == []
     assert sum(o.kind in VALIDATES for o in outcomes) >= VALIDATING
+
+
+def _extractor():
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "scripts" / "extract_verl_examples.py"
+    spec = importlib.util.spec_from_file_location("extract_verl_examples", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_extractor_reads_the_shell_forms_verls_scripts_use() -> None:
+    """Arrays over lines with comments, a value quoted over lines and spread unquoted, a
+    pattern substitution, arithmetic, and an if on a string test: the taken branch only."""
+    script = """
+backend=megatron
+n=$((2 * 4))
+DATA=(
+    data.train_batch_size=$n  # a comment
+    # a whole-line comment
+    data.max_prompt_length=$((n + 1))
+)
+ACTOR="
+    actor_rollout_ref.actor.strategy=$backend \\
+    actor_rollout_ref.actor.megatron.param_offload=True"
+CRITIC="${ACTOR//actor_rollout_ref.actor/critic}"
+if [[ $backend == "megatron" ]]; then
+    NAME=ppo_megatron_trainer
+else
+    NAME=ppo_trainer
+fi
+python3 -m verl.trainer.main_ppo --config-name=$NAME "${DATA[@]}" $ACTOR $CRITIC "$@"
+"""
+    assert _extractor().extract(script) == [
+        "--config-name=ppo_megatron_trainer",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=9",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.param_offload=True",
+        "critic.strategy=megatron",
+        "critic.megatron.param_offload=True",
+    ]
