@@ -152,5 +152,16 @@ def test_verls_global_micro_batch_sizes_are_divided_by_the_data_parallel_size() 
     assert arr.actor.ppo_micro_batch_size_per_gpu == 4
     assert arr.rollout.log_prob_micro_batch_size_per_gpu == 8
     assert arr.ref.log_prob_micro_batch_size_per_gpu == 3
+    # a reference on a pool of its own with its own split: its own data-parallel size (3 / 1)
+    cfg = load_config(
+        [
+            *base,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size=6",
+            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+            "+trainer.role_pools.ref=refpool",
+            "+trainer.resource_pools.refpool=3",
+        ]
+    )
+    assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 2
     with pytest.raises(ConfigError, match="both set"):
         load_config([*base, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])

@@ -63,7 +63,8 @@ _PROFILING = NoEffect("profiling is done with the scripts in benchmarks/")
 _ROLLOUT_INTERNALS = NoEffect("polyrl's rollout engines manage this themselves")
 
 # verl's global micro-batch keys -> (the per-GPU key polyrl reads, the role whose data-parallel
-# size divides it, the node whose strategy and parallel sizes give that size).
+# size divides it, the node whose parallel sizes give that size; the reference runs on the
+# actor's strategy).
 GLOBAL_MICRO_BATCHES = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": (
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
@@ -78,7 +79,7 @@ GLOBAL_MICRO_BATCHES = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size": (
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
         "ref",
-        "actor_rollout_ref.actor",
+        "actor_rollout_ref.ref",
     ),
     "critic.ppo_micro_batch_size": ("critic.ppo_micro_batch_size_per_gpu", "critic", "critic"),
     "critic.forward_micro_batch_size": (
@@ -438,7 +439,7 @@ def apply_global_micro_batches(cfg: DictConfig, overrides: list[str]) -> None:
 
 def _data_parallel_size(cfg: DictConfig, role: str, node: str) -> int | None:
     """Workers of ``role``'s pool over the ranks that share one model copy (tensor, pipeline,
-    context or sequence parallel peers, by ``node``'s strategy)."""
+    context or sequence parallel peers: ``node``'s sizes for its strategy)."""
     from polyrl.config.checks.batches import MODEL_PARALLEL_KEYS
     from polyrl.config.checks.checker import get, is_positive_int
     from polyrl.config.checks.placement import role_world
@@ -446,8 +447,9 @@ def _data_parallel_size(cfg: DictConfig, role: str, node: str) -> int | None:
     found = role_world(cfg, role)
     if found is None:
         return None
+    owner = "actor_rollout_ref.actor" if node.startswith("actor_rollout_ref.") else node
     split = 1
-    for key in MODEL_PARALLEL_KEYS.get(str(get(cfg, f"{node}.strategy")), ()):
+    for key in MODEL_PARALLEL_KEYS.get(str(get(cfg, f"{owner}.strategy")), ()):
         value = get(cfg, f"{node}.{key}")
         if not is_positive_int(value):
             return None
