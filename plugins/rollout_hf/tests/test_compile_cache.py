@@ -13,11 +13,11 @@ from polyrl_rollout_hf.compile_cache import ENV, cache_root, use_compile_cache
 def test_the_users_private_folder_keyed_by_torch_version(tmp_path, monkeypatch):
     import torch
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not" / "there"))  # created too
     monkeypatch.delenv(ENV, raising=False)
     folder = use_compile_cache()
     assert folder == str(cache_root()) == os.environ[ENV]
-    assert folder.startswith(str(tmp_path / "polyrl" / "inductor"))
+    assert folder.startswith(str(tmp_path / "not" / "there" / "polyrl" / "inductor"))
     assert torch.__version__.split("+")[0] in folder
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
 

@@ -53,6 +53,7 @@ def use_compile_cache() -> str:
         return chosen
     folder = cache_root()
     try:
+        folder.parents[2].mkdir(mode=0o700, parents=True, exist_ok=True)  # the cache home
         for path in (*reversed(folder.parents[:2]), folder):
             path.mkdir(mode=0o700, exist_ok=True)
         reason = unsafe_reason(folder)

@@ -146,9 +146,12 @@ class FusedDecodeStep:
         self.after: Callable[..., Any] = after_attention
         self.head: Callable[..., Any] = final_logits
         if compile:
-            self.before = torch.compile(before_attention, fullgraph=True)
-            self.after = torch.compile(after_attention, fullgraph=True)
-            self.head = torch.compile(final_logits, fullgraph=True)
+            # Round intermediates to the model's dtype where the eager operations do (Inductor
+            # otherwise keeps them in float32), so fused bfloat16 results stay close to eager.
+            options = {"emulate_precision_casts": True}
+            self.before = torch.compile(before_attention, fullgraph=True, options=options)
+            self.after = torch.compile(after_attention, fullgraph=True, options=options)
+            self.head = torch.compile(final_logits, fullgraph=True, options=options)
 
     @staticmethod
     def _weights(layer: torch.nn.Module) -> LayerWeights:
