@@ -6,7 +6,7 @@
 #   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
 # Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
-# PARTS (tests decode mix warm profile: which parts to run, in that order), RUNS (timed runs, 3),
+# PARTS (tests decode mix warm profile train: which parts to run, in that order), RUNS (timed runs, 3),
 # TESTS_TIMEOUT (seconds for the CUDA tests, 600).
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
@@ -46,6 +46,14 @@ for part in ${PARTS:-tests decode mix warm}; do
             --max-new-tokens 256 --runs 1 --label current-warm-cache \
             --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model" |
             tee "$results/warm.log" ;;
+    train)  # polyrl train at the three shapes (STEPS=3), then the 0.5B shape again: a warm start
+        for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512" \
+            "qwen2-0.5b 32 256"; do
+            set -- $shape_rows
+            OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 STEPS=${STEPS:-3} \
+                bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights" | tail -25
+            python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3: first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's')"
+        done 2>&1 | tee "$results/train.log" ;;
     profile)
         python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
             --max-new-tokens 64 --runs 1 --label profile --profile "$results" 2>&1 |
