@@ -48,7 +48,9 @@ def random_response(tokenizer, rng: random.Random, seven_id: int) -> str:
     return tokenizer.decode(ids)
 
 
-def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: float = 5e-3) -> Path:
+def make_judge(out_dir: Path, *, steps: int = 150, batch_size: int = 16, lr: float = 2e-3) -> Path:
+    """``builtin:tiny`` fine-tuned to answer the judge prompt of a response with "Score: 1" when
+    it contains a 7, else "Score: 0". (At lr 5e-3 the fine-tune settled on one constant answer.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shutil.copytree(resolve_model_path("builtin:tiny"), out_dir)
