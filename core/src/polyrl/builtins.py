@@ -41,6 +41,12 @@ def polyrl_reward_providers() -> Iterator[RewardProviderSpec]:
         provider=naive,
     )
     yield RewardProviderSpec(
+        name="batch",
+        description="verl's batch reward manager: custom_reward_function called once per "
+        "batch with lists (data_sources, solution_strs, ground_truths, extra_infos)",
+        provider="polyrl.rewards.batch:BatchRewardProvider",
+    )
+    yield RewardProviderSpec(
         name="dapo",
         description="verl's DAPO reward manager: naive's scoring; its overlong punishment is "
         "reward_model.overlong_buffer / reward_kwargs (polyrl-algo-grpo)",

@@ -255,6 +255,10 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "critic.model.trust_remote_code": NoEffect("actor_rollout_ref.model.trust_remote_code sets it"),
     "critic.model.override_config*": Refused("overriding the critic's model config", "remove it"),
     # --- reward ---
+    "reward_model.reward_kwargs*": NoEffect(
+        "reward_model.reward_manager=batch passes these to the custom function; the other "
+        "reward managers do not read them"
+    ),
     "reward_model.use_reward_loop": NoEffect("rewards are scored by polyrl's reward workers"),
     "reward_model.rollout.*": Refused(
         "a generative reward model served by a rollout engine",
@@ -326,6 +330,7 @@ def added_key_message(key: str) -> str:
 # Keys verl's own example configs add (their YAML composes onto verl's trainer config) that the
 # trainer config does not declare; verl's code reads them. With the defaults verl's code uses.
 EXAMPLE_CONFIG_KEYS = {
+    "reward_model.reward_kwargs": {},  # verl's scripts add it with +; its reward managers read it
     "actor_rollout_ref.rollout.sglang_rollout_mode": "engine",
     "actor_rollout_ref.rollout.server.timeout": 60,
     "actor_rollout_ref.rollout.server.max_attempts": 3,

@@ -123,6 +123,11 @@ def check_ranges(checker: Checker) -> None:
     c.number("reward_model.max_failure_rate", lambda v: 0 < v <= 1, "in (0, 1]")
     c.number("reward_model.failure_window_steps", at_least(1), ">= 1", integer=True)
     custom = c.get("custom_reward_function.path")
+    if c.get("reward_model.reward_manager") == "batch" and not custom:
+        c.add(
+            "reward_model.reward_manager=batch calls custom_reward_function once per batch "
+            "(verl's BatchRewardManager): set custom_reward_function.path"
+        )
     if isinstance(custom, str) and custom and not os.path.exists(os.path.expanduser(custom)):
         c.add(
             f"custom_reward_function.path={custom!r} does not exist: give the .py file that "
