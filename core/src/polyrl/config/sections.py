@@ -18,6 +18,7 @@ the clash is reported by ``polyrl validate`` (:func:`section_problems`), naming 
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, is_dataclass
 from typing import Any
@@ -51,6 +52,9 @@ class _Mounted:
 
 
 _cache: dict[tuple[Any, ...], _Mounted] = {}
+#: The schema built from the cached :class:`_Mounted` (with the problems met mounting it): a
+#: command line is checked against it several times, and building it is most of a check.
+_schemas: dict[tuple[Any, ...], tuple[DictConfig, tuple[str, ...]]] = {}
 
 
 def installed_sections(registry: Any = None) -> tuple[ConfigSection, ...]:
@@ -75,12 +79,20 @@ def section_problems(registry: Any = None) -> list[str]:
 def schema_config(registry: Any = None, problems: list[str] | None = None) -> DictConfig:
     """A fresh, typed and struct-mode config of every key a run may set: core's schema with the
     installed plugins' sections mounted, at their defaults."""
-    cfg = OmegaConf.structured(PolyrlConfig)
-    owners: dict[str, str] = {}
-    with open_dict(cfg):
-        for section in installed_sections(registry):
-            _mount(cfg, section, owners, problems if problems is not None else [])
-    return cfg
+    key = _mounted_key(registry)
+    if key not in _schemas:
+        _schemas.clear()
+        cfg = OmegaConf.structured(PolyrlConfig)
+        owners: dict[str, str] = {}
+        met: list[str] = []
+        with open_dict(cfg):
+            for section in _mounted(registry).sections:
+                _mount(cfg, section, owners, met)
+        _schemas[key] = (cfg, tuple(met))
+    schema, met = _schemas[key]
+    if problems is not None:
+        problems.extend(met)
+    return copy.deepcopy(schema)  # callers may change theirs
 
 
 def apply_aliases(
@@ -112,15 +124,22 @@ def _alias_target(key: str, aliases: dict[str, str]) -> str:
     return key
 
 
+def _mounted_key(registry: Any) -> tuple[Any, ...]:
+    """What the mounted sections depend on: the registry and the specs registered in it."""
+    from polyrl.registry import get_registry
+
+    registry = registry if registry is not None else get_registry()
+    return (id(registry), *(id(reg.spec) for reg in registry.all()))
+
+
 def _mounted(registry: Any) -> _Mounted:
     from polyrl.registry import get_registry
 
     registry = registry if registry is not None else get_registry()
-    registrations = registry.all()
-    key = (id(registry), *(id(reg.spec) for reg in registrations))
+    key = _mounted_key(registry)
     if key not in _cache:
         _cache.clear()
-        _cache[key] = _collect(registrations)
+        _cache[key] = _collect(registry.all())
     return _cache[key]
 
 
