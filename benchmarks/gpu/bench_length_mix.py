@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     parser.add_argument("--source", default=None, help="import polyrl_rollout_hf from here")
+    parser.add_argument("--hf", type=json.loads, default={}, help="more engine_kwargs.hf, as JSON")
     parser.add_argument("--label", default=None, help="names this code path in the JSON")
     args = parser.parse_args()
     if args.source:  # e.g. an export of an older commit: the baseline, in its own process
@@ -105,7 +106,9 @@ def main() -> None:
                 "dtype": args.dtype,
                 "micro_batch_size": args.slots,
                 "gpu_memory_utilization": 0.9,
-                "engine_kwargs": {"hf": {"static_cache": "true", "continuous_batching": "true"}},
+                "engine_kwargs": {
+                    "hf": {"static_cache": "true", "continuous_batching": "true", **args.hf}
+                },
             },
             device=args.device,
             rank=0,

@@ -11,6 +11,8 @@
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
 baseline=${BASELINE:-.baseline/plugins/rollout_hf/src}
+# The current side runs the fused, compiled step, opt-in on CUDA until its tests have run there.
+opt_in=${OPT_IN:-'{"fused_step": "true", "compile": "true"}'}
 mkdir -p "$results"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/polyrl-user-cache}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$results/device.txt"
@@ -23,7 +25,7 @@ for part in ${PARTS:-tests decode mix warm}; do
         for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512"; do
             set -- $shape_rows
             for side in baseline current; do
-                source_arg=()
+                source_arg=(--hf "$opt_in")
                 [ $side = baseline ] && source_arg=(--source "$baseline")
                 python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
                     --max-new-tokens "$3" --runs "${RUNS:-3}" --label "$side" "${source_arg[@]}" \
@@ -34,7 +36,7 @@ for part in ${PARTS:-tests decode mix warm}; do
         done 2>&1 | tee "$results/decode.log" ;;
     mix)
         for side in baseline current; do
-            source_arg=()
+            source_arg=(--hf "$opt_in")
             [ $side = baseline ] && source_arg=(--source "$baseline")
             python3 benchmarks/gpu/bench_length_mix.py --shape qwen2-0.5b --device cuda \
                 --prompts 128 --n 8 --slots 256 --max-new-tokens 256 --prompt-len 64 --runs "${RUNS:-3}" \
@@ -43,20 +45,21 @@ for part in ${PARTS:-tests decode mix warm}; do
         done 2>&1 | tee "$results/length_mix.log" ;;
     warm)  # the same shape again: compiled artefacts now come from the user's cache folder
         python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
-            --max-new-tokens 256 --runs 1 --label current-warm-cache \
+            --max-new-tokens 256 --runs 1 --label current-warm-cache --hf "$opt_in" \
             --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model" |
             tee "$results/warm.log" ;;
     train)  # polyrl train at the three shapes (STEPS=3), then the 0.5B shape again: a warm start
         for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512" \
             "qwen2-0.5b 32 256"; do
             set -- $shape_rows
+            EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
             OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 STEPS=${STEPS:-3} \
                 bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights" | tail -25
             python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3: first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's')"
         done 2>&1 | tee "$results/train.log" ;;
     profile)
         python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
-            --max-new-tokens 64 --runs 1 --label profile --profile "$results" 2>&1 |
+            --max-new-tokens 64 --runs 1 --label profile --hf "$opt_in" --profile "$results" 2>&1 |
             grep -v "Loading weights\|Writing model" | tail -40 ;;
     esac
 done
