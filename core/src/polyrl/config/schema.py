@@ -30,9 +30,7 @@ VERL_COMPAT_KEYS: tuple[str, ...] = tuple(
     for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
     for key in (
         "dist_checkpointing_path",
-        "expert_model_parallel_size",
         "expert_tensor_parallel_size",
-        "grad_offload",
         "sequence_parallel",
         "use_dist_checkpointing",
         "use_distributed_optimizer",
