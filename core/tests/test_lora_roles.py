@@ -1,10 +1,13 @@
 """Roles of a LoRA run (``actor_rollout_ref.model.lora_rank > 0``) over recording engines: the
 reference builds no engine and scores with the actor's, adapters disabled; weight sync sends
-merged weights, or the adapters alone to a rollout plugin that declares it takes them."""
+merged weights, or the adapters alone to a rollout plugin that declares it takes them. The LoRA
+keys are a plugin's, not core's: the recording engine declares the one the roles read, as the
+first-party engines declare the engine kit's section."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -21,6 +24,13 @@ from polyrl.workers.roles.actor import ActorRole
 from polyrl.workers.roles.ref import RefRole
 
 LORA = {"actor_rollout_ref": {"model": {"lora_rank": 4}}}
+
+
+@dataclass
+class LoraKeys:
+    """The LoRA key of ``actor_rollout_ref.model`` that a LoRA engine plugin declares."""
+
+    lora_rank: int = 0
 
 
 class LoraRecordingEngine(RecordingEngine):
@@ -63,7 +73,7 @@ def lora_engines(isolated_registry, register_plugin):
                 description="test",
                 engine=LoraRecordingEngine,
                 supports_lora=True,
-                config_sections=RECORDING_SECTIONS,
+                config_sections={**RECORDING_SECTIONS, "actor_rollout_ref.model": LoraKeys},
             ),
             RolloutEngineSpec(name="recording", description="test", engine=RecordingRollout),
             RolloutEngineSpec(
@@ -109,3 +119,23 @@ def test_weight_sync_sends_what_the_rollout_plugin_declares(lora_engines, rollou
     rollout_node = {"actor_rollout_ref": {"model": {"lora_rank": 4}, "rollout": {"name": rollout}}}
     actor = _with_peers("actor", **rollout_node)["actor"]
     assert [name for name, _ in actor.named_weights()] == [sent]
+
+
+def test_lora_is_off_where_no_installed_plugin_declares_its_keys(isolated_registry) -> None:
+    from omegaconf import OmegaConf
+
+    from polyrl.config.checks.checker import Checker
+    from polyrl.config.checks.lora import check_lora
+    from polyrl.config.sections import schema_config
+    from polyrl.lora import describe_lora, lora_problems, lora_rank
+
+    cfg = schema_config()  # core's schema alone: the keys are the engines', not core's
+    model = cfg.actor_rollout_ref.model
+    assert "lora_rank" not in model
+    assert lora_rank(model) == 0 and lora_problems(model) == []
+    assert describe_lora(cfg) is None
+    checker = Checker(cfg, isolated_registry)
+    check_lora(checker, {}, None)
+    assert not checker.problems
+    with pytest.raises(Exception, match="lora_rank"):  # setting one is an unknown key
+        OmegaConf.merge(cfg, LORA)

@@ -4,6 +4,11 @@ run.
 Light on purpose (no torch, no peft): ``polyrl validate``, the run banner, the roles and the
 training engines read the same rules from here.
 
+The keys themselves are not core's: the training engines declare them (the engine kit's section,
+``polyrl_engine_kit.settings``), so they are typed, shown by ``polyrl config`` and spell-checked
+whenever such an engine is installed. Where no installed plugin declares them, the rank reads
+as 0 (LoRA off) and the other keys are not read.
+
 With ``lora_rank > 0`` the actor trains low-rank adapters on frozen base weights, and:
 
 - the reference policy is the actor's own model with its adapters switched off (no second copy
@@ -25,13 +30,24 @@ ALL_LINEAR = "all-linear"
 
 
 def lora_rank(model: Any) -> int:
-    """``lora_rank`` of the ``actor_rollout_ref.model`` node (0: LoRA off)."""
-    return int(model.lora_rank)
+    """``lora_rank`` of the ``actor_rollout_ref.model`` node (0: LoRA off, or no installed
+    plugin declares the key)."""
+    return int(declared_rank(model))
+
+
+def declared_rank(model: Any) -> Any:
+    """``lora_rank`` of the ``actor_rollout_ref.model`` node as set, unchecked; 0 where no
+    installed plugin declares it."""
+    try:
+        rank = model.lora_rank
+    except AttributeError:  # omegaconf's ConfigAttributeError: not in this schema
+        return 0
+    return 0 if rank is None else rank
 
 
 def lora_problems(model: Any) -> list[str]:
     """One line per bad LoRA key of the ``actor_rollout_ref.model`` node ``model``."""
-    rank = model.lora_rank
+    rank = declared_rank(model)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         return [f"{MODEL}.lora_rank={rank!r} must be an integer >= 0 (0: LoRA off), e.g. 8"]
     if rank == 0:

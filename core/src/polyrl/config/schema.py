@@ -97,16 +97,8 @@ class ModelConfig:
     use_fused_kernels: bool = True
     dtype: str = "bfloat16"
     override_config: dict[str, Any] = field(default_factory=dict)
-    # LoRA on the actor (verl's keys; see polyrl.lora): 0 = full fine-tuning. With LoRA the
-    # reference is the same model with its adapters off, and weight sync sends merged weights
-    # (or the adapters, to a rollout engine whose plugin declares supports_lora_adapters).
-    lora_rank: int = 0
-    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
-    target_modules: Any = "all-linear"  # a list of module names, or all-linear
-    lora_dropout: float = 0.0
-    # With LoRA, the HF export (trainer.export_hf_model) is the adapter folder; true: also the
-    # merged model (base + adapters) in its subfolder merged/.
-    export_merged_lora: bool = False
+    # LoRA's keys (lora_rank, lora_alpha, target_modules, lora_dropout, export_merged_lora) are
+    # declared by the training engines (polyrl_engine_kit.settings); see polyrl.lora.
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import TrainingEngineSpec, hookimpl
+from polyrl_engine_kit.settings import LORA_SECTIONS
 
 
 @hookimpl
@@ -28,6 +29,8 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         supports_checkpoint=True,
         runtime_modules=("torch", "deepspeed"),
         config_class="polyrl_engine_deepspeed.settings:DeepSpeedSettings",
+        # read by the kit for every engine (this one refuses lora_rank > 0: supports_lora=False)
+        config_sections=LORA_SECTIONS,
         config_check="polyrl_engine_deepspeed.checks:check_config",
         checkpoint_reader="polyrl_engine_deepspeed.checkpoint:read_checkpoint",
     )

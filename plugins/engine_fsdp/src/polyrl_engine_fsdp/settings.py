@@ -1,6 +1,6 @@
 """The FSDP engine's config sections, at verl's places: ``fsdp_config`` of the actor, the
 reference and the critic's model, ``ulysses_sequence_parallel_size`` of those roles, and
-``use_liger`` of the model (mounted into the schema by
+``use_liger`` and the kit's LoRA keys of the model (mounted into the schema by
 :mod:`polyrl.config.sections`).
 
 Light on purpose (no torch): every composed config imports it. The reference's and the critic's
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyrl.api import following
+from polyrl_engine_kit.settings import LoraModelSettings
 
 MODEL = "actor_rollout_ref.model"
 ACTOR = "actor_rollout_ref.actor"
@@ -42,9 +43,10 @@ class FSDPSettings:
 
 
 @dataclass
-class FSDPModelSettings:
-    """The FSDP engine's keys of ``actor_rollout_ref.model``. ``use_liger``: Liger-Kernel's
-    RoPE/RMSNorm/SwiGLU, on CUDA with ``polyrl-engine-fsdp[cuda]``."""
+class FSDPModelSettings(LoraModelSettings):
+    """The FSDP engine's keys of ``actor_rollout_ref.model``: the engine kit's LoRA keys, and
+    ``use_liger``: Liger-Kernel's RoPE/RMSNorm/SwiGLU, on CUDA with
+    ``polyrl-engine-fsdp[cuda]``."""
 
     use_liger: bool = True
 

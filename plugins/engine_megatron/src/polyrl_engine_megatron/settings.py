@@ -1,6 +1,7 @@
 """The Megatron engine's config sections at verl's places, ``megatron`` of the actor, the
-reference and the critic (mounted into the schema by :mod:`polyrl.config.sections`). Light on
-purpose (no torch or megatron import): every composed config imports it.
+reference and the critic, and the engine kit's LoRA keys of the model (mounted into the schema
+by :mod:`polyrl.config.sections`). Light on purpose (no torch or megatron import): every
+composed config imports it.
 
 verl's keys that this engine does not implement are declared here with verl's defaults, so
 that a verl command line is understood; a value other than the default is refused in one line
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from polyrl_engine_kit.settings import LORA_SECTIONS
 
 ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
 REF_MEGATRON = "actor_rollout_ref.ref.megatron"
@@ -57,6 +60,7 @@ def _following_actor() -> MegatronSettings:
 
 FOLLOWING_ACTOR = _following_actor()
 CONFIG_SECTIONS = {
+    **LORA_SECTIONS,  # read by the kit (the engine refuses lora_rank > 0: supports_lora=False)
     ACTOR_MEGATRON: MegatronSettings,
     REF_MEGATRON: FOLLOWING_ACTOR,
     CRITIC_MEGATRON: FOLLOWING_ACTOR,

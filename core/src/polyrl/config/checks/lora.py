@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from polyrl.config.checks.checker import Checker
 from polyrl.config.checks.placement import pool_of
-from polyrl.lora import MODEL, lora_problems
+from polyrl.lora import MODEL, declared_rank, lora_problems
 from polyrl.registry import Registration
 from polyrl.specs import PluginKind
 
@@ -23,7 +23,7 @@ def check_lora(
     problems = lora_problems(model)
     for problem in problems:
         checker.add(problem)
-    rank = model.lora_rank
+    rank = declared_rank(model)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         return
     engine = selected.get(PluginKind.TRAINING_ENGINE.config_key)
