@@ -24,10 +24,13 @@ train: $(STAMP)
 # pytest exits 5 when nothing was collected (e.g. a filter matched no test): not a failure here.
 # The suite runs in TEST_JOBS processes (pytest-xdist), a test file to a process: most of an
 # end-to-end test is start-up (imports, workers) that leaves a core idle, so two processes fill
-# a 2-core machine. `make test TEST_JOBS=0` runs it in this process alone.
+# a 2-core machine. `make test TEST_JOBS=0` runs it in this process alone. Each process and the
+# runs it starts compute with one thread unless OMP_NUM_THREADS says otherwise: two processes
+# of two threads each on two cores spend their time waiting for each other's threads.
 TEST_JOBS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile $(ARGS) || [ $$? -eq 5 ]
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/python -m pytest -n $(TEST_JOBS) \
+		--dist loadfile $(ARGS) || [ $$? -eq 5 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,9 +1,9 @@
 """A third-party environment plugin, written from the docs alone, installed with pip and selected
-by name, drives the multi-turn episodes of a real ``recipe=tiny`` run over Ray.
+by name, drives the multi-turn episodes of a real ``recipe=tiny`` run (one worker in the run's
+process: the environment lives in the driver either way).
 
 The package is ``tests/fixtures/polyrl_env_guess``; the docs page "Writing an environment plugin"
-(docs/writing-plugins/environment.md) shows its files verbatim (checked here). The environment
-lives in the driver, so the run may join the suite's shared Ray cluster.
+(docs/writing-plugins/environment.md) shows its files verbatim (checked here).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from plugin_packages import ROOT, doc_blocks, install_to_target, polyrl
+
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 
 PACKAGE = ROOT / "tests" / "fixtures" / "polyrl_env_guess"
 FILES = ("pyproject.toml", "src/polyrl_env_guess/plugin.py", "src/polyrl_env_guess/game.py")
@@ -74,7 +76,8 @@ def test_listed_and_validated(site: Path) -> None:
 def test_selected_by_name_it_drives_a_real_training_run(site: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = polyrl(
-        site, "train", "recipe=tiny", *MULTI_TURN, f"trainer.default_local_dir={out}",
+        site, "train", "recipe=tiny", *IN_PROCESS_OVERRIDES, *MULTI_TURN,
+        f"trainer.default_local_dir={out}",
         "trainer.total_training_steps=2", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.export_hf_model=false",
         timeout=600,

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", "trainer.test_freq=-1",
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
+
+TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+         "trainer.test_freq=-1",
          "trainer.val_before_train=false"]  # fmt: skip
 LINE = re.compile(
     r"^error: no space left on device writing (?P<what>.+?) to (?P<where>\S+) "

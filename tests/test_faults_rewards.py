@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
+
 pytestmark = pytest.mark.slow
 
 BROKEN_SCORERS = {
@@ -28,7 +30,7 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(kind: str, tmp_
     scorer.write_text(BROKEN_SCORERS[kind])
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+        [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
          f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
          "trainer.val_before_train=false", "trainer.total_training_steps=10"],
         capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
@@ -48,7 +50,7 @@ def test_a_run_shorter_than_the_failure_window_whose_rewards_all_failed_exits_2(
     scorer = tmp_path / "scorer.py"
     scorer.write_text(BROKEN_SCORERS["raises"])
     done = subprocess.run(
-        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
+        [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
          f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
          "trainer.val_before_train=false", "trainer.total_training_steps=1"],
         capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,

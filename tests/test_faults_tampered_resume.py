@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 from polyrl.checkpoint import MARKER_FILE, file_checksums
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", "trainer.test_freq=-1",
+TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+         "trainer.test_freq=-1",
          "trainer.val_before_train=false", "trainer.save_freq=1"]  # fmt: skip
 
 

@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", "trainer.test_freq=-1",
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
+
+TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+         "trainer.test_freq=-1",
          "trainer.val_before_train=false"]  # fmt: skip
 
 

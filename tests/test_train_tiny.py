@@ -1,8 +1,12 @@
-"""End to end: ``polyrl train recipe=tiny`` over Ray with 2 CPU workers (gloo), as a user runs it.
+"""End to end: ``polyrl train recipe=tiny`` as a user runs it.
 
-These runs are the real path: the CLI composes and validates the config, the controller starts
-Ray actors in a placement group, FSDP2 trains over gloo, the HF rollout samples, GRPO computes
-advantages, rewards are scored in worker processes, checkpoints are written and resumed.
+The learning run and the placement test are the real path over Ray with the recipe's 2 CPU
+workers: the CLI composes and validates the config, the controller starts Ray actors in a
+placement group, FSDP2 trains over gloo, the HF rollout samples, GRPO computes advantages,
+rewards are scored in worker processes, checkpoints are written. The resume test, and the other
+files' runs through :func:`polyrl_train`, train one worker in the run's own process
+(``trainer.worker_backend=in_process``): their point is not Ray, and Ray's start-up would be
+most of their time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +46,14 @@ REQUIRED_METRICS = (
 )
 
 
-def polyrl_train(out_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run ``python -m polyrl train recipe=tiny ...`` and fail with its output if it fails."""
+def polyrl_train(
+    out_dir: Path, *overrides: str, timeout: int = 900, over_ray: bool = False
+) -> subprocess.CompletedProcess:
+    """Run ``python -m polyrl train recipe=tiny ...`` and fail with its output if it fails.
+
+    ``over_ray``: the recipe's 2 workers over Ray, for the tests of that path; otherwise one
+    worker in the run's own process (``IN_PROCESS_OVERRIDES``), for tests whose point is the
+    algorithm, the checkpoints or the outputs."""
     cmd = [
         sys.executable,
         "-m",
@@ -49,6 +61,7 @@ def polyrl_train(out_dir: Path, *overrides: str, timeout: int = 900) -> subproce
         "train",
         "recipe=tiny",
         f"trainer.default_local_dir={out_dir}",
+        *(() if over_ray else IN_PROCESS_OVERRIDES),
         *overrides,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -112,6 +125,7 @@ def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "trainer.save_freq=12",
         "trainer.export_hf_every_save=true",
         "trainer.log_val_generations=2",
+        over_ray=True,
     )
     return out
 
@@ -195,7 +209,7 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
     assert all(r["actor/optimizer_steps"] == 4 for r in straight_records)
 
     # Resuming that run with another rollout.n would be another experiment: refused, before Ray.
-    cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *steps,
+    cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES, *steps,
            f"trainer.default_local_dir={resumed}", "trainer.total_training_steps=5",
            "actor_rollout_ref.rollout.n=8"]  # fmt: skip
     changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
@@ -215,9 +229,13 @@ def test_reference_on_its_own_pool_trains_like_the_colocated_one(tmp_path: Path)
         "trainer.export_hf_model=false",
     )
     colocated, split = tmp_path / "colocated", tmp_path / "split"
-    polyrl_train(colocated, *steps)
+    polyrl_train(colocated, *steps, over_ray=True)
     polyrl_train(
-        split, *steps, "trainer.role_pools.ref=refpool", "trainer.resource_pools.refpool=1"
+        split,
+        *steps,
+        "trainer.role_pools.ref=refpool",
+        "trainer.resource_pools.refpool=1",
+        over_ray=True,
     )
     for x, y in zip(read_records(colocated), read_records(split), strict=True):
         assert x["critic/score/mean"] == y["critic/score/mean"]

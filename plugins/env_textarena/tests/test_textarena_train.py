@@ -1,4 +1,5 @@
-"""End to end: ``polyrl train`` on TextArena episodes, as a user runs it (2 CPU workers, Ray).
+"""End to end: ``polyrl train`` on TextArena episodes, as a user runs it (one worker in the
+run's process: the environment's plumbing is the point, not Ray).
 
 The tiny random model hardly ever writes a valid ``[n]`` guess, so an episode is mostly two
 invalid moves: TextArena warns after the first and ends the game after the second, scoring 0
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 from polyrl_env_textarena.data import write_games
 
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
@@ -32,11 +34,12 @@ def test_two_steps_of_guess_the_number_episodes(tmp_path: Path) -> None:
         "polyrl",
         "train",
         "recipe=tiny",
+        *IN_PROCESS_OVERRIDES,
         f"data.train_files={files['train']}",
         f"data.val_files={files['val']}",
         "data.max_prompt_length=320",  # the game's rules are 310 tokens of the tiny tokenizer
         "data.max_response_length=256",
-        # 4 prompts x 2 samples: the steps take ~4 s, the rest of the run is starting Ray
+        # 4 prompts x 2 samples: the steps take a few seconds
         "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",

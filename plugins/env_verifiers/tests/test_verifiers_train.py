@@ -1,5 +1,6 @@
 """End to end: ``polyrl train`` on a verifiers MultiTurnEnv, as a user runs it (recipe=tiny: the
-random builtin:tiny model, 2 CPU workers, Ray).
+random builtin:tiny model, one worker in the run's process: the environment's plumbing is the
+point, not Ray).
 
 The tiny model seldom writes the answer (a digit, by chance: one episode of 32 did in a measured
 run), so most episodes are RetryEnv's user answering "Wrong, try again." until its max_turns=2
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
+
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 
 
@@ -30,6 +33,7 @@ def test_two_steps_on_a_verifiers_multi_turn_env(tmp_path: Path) -> None:
         "polyrl",
         "train",
         "recipe=tiny",
+        *IN_PROCESS_OVERRIDES,
         "data.max_response_length=64",
         f"{MULTI_TURN}.enable=true",
         f"{MULTI_TURN}.environment=verifiers",

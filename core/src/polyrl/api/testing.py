@@ -15,7 +15,9 @@ import from core.
 - ``build_tiny_model``: polyrl's tiny Qwen2 (random weights, its own tokenizer) saved to a folder;
 - ``rollout_contract``: the scaffolding of the rollout engines' contract tests (a module);
 - ``run_stage`` (with ``ScriptedRoles``, ``RoleCall``): one stage on one batch, without Ray;
-- ``worker_plan``: the plugins a role built from a config needs, for tests of a role.
+- ``worker_plan``: the plugins a role built from a config needs, for tests of a role;
+- ``run_polyrl``: the ``polyrl`` command line in a fresh interpreter; ``IN_PROCESS_OVERRIDES``:
+  the overrides that train in that one process, without Ray (end-to-end tests of a plugin).
 
 The fixtures ``polyrl_registry``, ``isolated_registry`` and ``register_plugin`` need no import:
 pytest loads them from :mod:`polyrl.testing.pytest_plugin` once polyrl is installed. Covered by
@@ -48,6 +50,8 @@ _LAZY: dict[str, str] = {
     "ScriptedRoles": "polyrl.testing.stages:ScriptedRoles",
     "run_stage": "polyrl.testing.stages:run_stage",
     "worker_plan": "polyrl.testing.plans:worker_plan",
+    "IN_PROCESS_OVERRIDES": "polyrl.testing.cli:IN_PROCESS_OVERRIDES",
+    "run_polyrl": "polyrl.testing.cli:run_polyrl",
 }
 
 if TYPE_CHECKING:
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from polyrl.config.sections import schema_config
     from polyrl.models.tiny import build_tiny_model
     from polyrl.testing import rollout_contract
+    from polyrl.testing.cli import IN_PROCESS_OVERRIDES, run_polyrl
     from polyrl.testing.configs import actor_config, algorithm_config
     from polyrl.testing.conformance import (
         AdvantageEstimatorConformance,
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
     from polyrl.testing.stages import RoleCall, ScriptedRoles, run_stage
 
 __all__ = [
+    "IN_PROCESS_OVERRIDES",
     "AdvantageEstimatorConformance",
     "AlgorithmConformance",
     "LoggerConformance",
@@ -83,6 +89,7 @@ __all__ = [
     "algorithm_config",
     "build_tiny_model",
     "rollout_contract",
+    "run_polyrl",
     "run_stage",
     "schema_config",
     "worker_plan",

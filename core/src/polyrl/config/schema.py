@@ -328,6 +328,11 @@ class TrainerConfig:
     export_hf_every_save: bool = False
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
+    # ray: every pool's workers are Ray actors (processes of their own). in_process: the one
+    # worker runs in this process, without Ray (no cluster to start, no worker process to
+    # import torch again; a debugger stops in worker code): for a run of one pool of one
+    # worker (nnodes=1, n_gpus_per_node=1, the roles colocated), trainer.max_restarts=0
+    worker_backend: str = "ray"  # ray | in_process
     collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs
     # A worker lost (killed, out of memory, node gone): restart every worker and resume from the
     # run's newest complete checkpoint, at most this many times per run (0: the run ends)

@@ -57,6 +57,7 @@ from polyrl.trainer.outputs import (
 from polyrl.trainer.recovery import Restart, cause_line, record_restart, worker_died
 from polyrl.trainer.val_generations import generation_rows, pick_generations
 from polyrl.workers.group import WorkerError
+from polyrl.config.checks.placement import IN_PROCESS
 from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray
@@ -219,10 +220,11 @@ class RLTrainer:
             move_earlier_reward_curve_aside(self.output_dir)
 
         device = str(cfg.trainer.device)
-        ensure_ray(
-            num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
-            extra=dict(cfg.trainer.ray_init),
-        )
+        if str(cfg.trainer.worker_backend) != IN_PROCESS:
+            ensure_ray(
+                num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
+                extra=dict(cfg.trainer.ray_init),
+            )
         self._restarts: list[Restart] = []
         self._first_start()
 

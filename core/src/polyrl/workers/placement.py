@@ -25,7 +25,14 @@ from typing import Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 
 from polyrl.config.checks.checker import is_positive_int
-from polyrl.config.checks.placement import GLOBAL_POOL, pool_of, pool_size, sized_by_nodes
+from polyrl.config.checks.placement import (
+    GLOBAL_POOL,
+    IN_PROCESS,
+    in_process_problems,
+    pool_of,
+    pool_size,
+    sized_by_nodes,
+)
 from polyrl.errors import ConfigError, PolyrlError
 from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
 from polyrl.workers.group import SPMDGroup
@@ -245,7 +252,9 @@ def start_role_workers(
     ready_timeout_s: float = 1800.0,
     call_timeout_s: float | None = None,
 ) -> RoleWorkers:
-    """Start one Ray worker group per pool of :func:`plan_pools` and return the handle.
+    """Start one Ray worker group per pool of :func:`plan_pools` (with
+    ``trainer.worker_backend=in_process``: the one worker, in this process) and return the
+    handle.
 
     ``roles``: the roles the step uses (``StepPipeline.roles()``); ``role_classes``: classes of
     roles beyond core's (``AlgorithmSpec.role_classes``, import strings preferred: they are
@@ -253,28 +262,103 @@ def start_role_workers(
     (:meth:`polyrl.plan.RunPlan.worker_plan`: the plugins they build, and role classes);
     ``tokens``: ``pad_token_id`` and ``eos_token_ids``.
     ``worker_cls`` replaces :class:`~polyrl.workers.worker.Worker` (a subclass that times calls,
-    in benchmarks). Ray must be running (:func:`~polyrl.workers.worker_group.ensure_ray`; it is
-    started with defaults otherwise). Each worker reserves at most one CPU: fewer (a fraction)
+    in benchmarks). Ray is started with defaults when it is not running
+    (:func:`~polyrl.workers.worker_group.ensure_ray`). Each Ray worker reserves at most one CPU: fewer (a fraction)
     when Ray has fewer CPUs available than there are workers.
     """
+    if not roles:
+        raise PolyrlError("start_role_workers needs at least one role")
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    pools = plan_pools(cfg, roles)
+    init_kwargs = {
+        "cfg": OmegaConf.to_container(cfg, resolve=True),
+        "role_classes": dict(role_classes or {}),
+        "plan": plan,
+        "model_path": model_path,
+        "total_training_steps": int(total_training_steps),
+        "tokens": dict(tokens),
+    }
+    if str(cfg.trainer.get("worker_backend", "ray")) == IN_PROCESS:
+        problems = in_process_problems(cfg, tuple(roles))
+        if problems:
+            raise ConfigError("; ".join(problems))
+        (pool, (_, pool_roles)), *_ = pools.items()
+        groups = {
+            pool: _in_process_group(pool, pool_roles, worker_cls, ready_timeout_s, init_kwargs)
+        }
+    else:
+        groups = _ray_groups(cfg, pools, worker_cls, ready_timeout_s, init_kwargs)
+    try:
+        pad_id = tokens.get("pad_token_id")
+        pad_values = {} if pad_id is None else {"input_ids": pad_id, "responses": pad_id}
+        return RoleWorkers(
+            groups,
+            {role: pool for pool, p in pools.items() for role in p.roles},
+            pad_values=pad_values,
+            call_timeout_s=call_timeout_s,
+            # the weight sync's settings are the rollout's (a run without one never syncs)
+            weight_sync=WeightSyncSettings.from_config(cfg, tokens) if "rollout" in roles else None,
+        )
+    except BaseException:
+        for group in groups.values():
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        raise
+
+
+def _in_process_group(
+    pool: str,
+    roles: Sequence[str],
+    worker_cls: type | None,
+    ready_timeout_s: float,
+    init_kwargs: dict[str, Any],
+) -> SPMDGroup:
+    """The run's one worker, built in this process (``trainer.worker_backend=in_process``):
+    a process group of one on a free loopback port, the roles colocated in it."""
+    import socket
+
+    from polyrl.workers.local import LocalWorkerGroup
+    from polyrl.workers.worker import Worker
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return LocalWorkerGroup(
+        worker_cls or Worker,
+        world_size=1,
+        name=pool,
+        ready_timeout_s=ready_timeout_s,
+        init_kwargs={
+            **init_kwargs,
+            "roles": tuple(roles),
+            "pool": pool,
+            "master_addr": "127.0.0.1",
+            "master_port": port,
+        },
+    )
+
+
+def _ray_groups(
+    cfg: DictConfig,
+    pools: Mapping[str, PoolPlan],
+    worker_cls: type | None,
+    ready_timeout_s: float,
+    init_kwargs: dict[str, Any],
+) -> dict[str, SPMDGroup]:
+    """One Ray worker group per pool (Ray started with defaults when it is not running)."""
     import ray
 
     from polyrl.workers.nodes import pool_nnodes, report_nodes
     from polyrl.workers.worker import Worker
     from polyrl.workers.worker_group import WorkerGroup, ensure_ray
 
-    if not roles:
-        raise PolyrlError("start_role_workers needs at least one role")
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.create(cfg)
-    pools = plan_pools(cfg, roles)
     ensure_ray()
     device = str(cfg.trainer.device)
     total = sum(pool.size for pool in pools.values())
     available = float(ray.available_resources().get("CPU", 0.0))
     cpus = min(1.0, math.floor(100 * available / total) / 100) or 1.0
     threads = 1 if device == "cuda" else max(1, (os.cpu_count() or 1) // total)
-    container = OmegaConf.to_container(cfg, resolve=True)
     groups: dict[str, SPMDGroup] = {}
     try:
         for pool, (size, pool_roles) in pools.items():
@@ -288,28 +372,10 @@ def start_role_workers(
                 threads_per_worker=threads,
                 log_dir=os.path.abspath(str(cfg.trainer.default_local_dir)),
                 nnodes=pool_nnodes(cfg, pool),
-                init_kwargs={
-                    "cfg": container,
-                    "roles": pool_roles,
-                    "role_classes": dict(role_classes or {}),
-                    "plan": plan,
-                    "model_path": model_path,
-                    "total_training_steps": int(total_training_steps),
-                    "tokens": dict(tokens),
-                    "pool": pool,
-                },
+                init_kwargs={**init_kwargs, "roles": pool_roles, "pool": pool},
             )
         report_nodes({pool: group.nodes for pool, group in groups.items()})
-        pad_id = tokens.get("pad_token_id")
-        pad_values = {} if pad_id is None else {"input_ids": pad_id, "responses": pad_id}
-        return RoleWorkers(
-            groups,
-            {role: pool for pool, p in pools.items() for role in p.roles},
-            pad_values=pad_values,
-            call_timeout_s=call_timeout_s,
-            # the weight sync's settings are the rollout's (a run without one never syncs)
-            weight_sync=WeightSyncSettings.from_config(cfg, tokens) if "rollout" in roles else None,
-        )
+        return groups
     except BaseException:
         for group in groups.values():
             with contextlib.suppress(Exception):

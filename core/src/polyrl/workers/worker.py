@@ -120,8 +120,8 @@ class Worker:
         )
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly one GPU to this actor
-        else:
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        elif os.environ.get("OMP_NUM_THREADS"):  # a Ray worker's share of the cores
+            torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
         timeout = timedelta(seconds=float(self.cfg.trainer.collective_timeout_s))
         dist.init_process_group(
             backend="nccl" if self.device == "cuda" else "gloo",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from polyrl.step.pipeline import StepPipeline
 
 GLOBAL_POOL = "global"
+IN_PROCESS = "in_process"  # trainer.worker_backend without Ray
 ROLLOUT_POOL = "rollout"
 _ROLLOUT = "actor_rollout_ref.rollout"
 _SPLIT = "actor_rollout_ref.hybrid_engine=false"
@@ -118,6 +119,37 @@ def check_placement(checker: Checker, pipeline: StepPipeline | None) -> None:
     if is_split(checker.cfg):
         _check_split(checker, role_pools, sizes)
     _check_weight_sync(checker)
+    if get(checker.cfg, "trainer.worker_backend") == IN_PROCESS:
+        roles = tuple(pipeline.roles()) if pipeline is not None else ("actor",)
+        for line in in_process_problems(checker.cfg, roles):
+            checker.add(line)
+
+
+def in_process_problems(cfg: Any, roles: tuple[str, ...]) -> list[str]:
+    """Why ``trainer.worker_backend=in_process`` cannot host this run: this process holds one
+    worker, so one pool of one worker hosts every role, and no worker can be replaced."""
+    problems = []
+    pools = sorted({pool_of(cfg, role) for role in roles})
+    how = "use trainer.worker_backend=ray, or"
+    if pools != [GLOBAL_POOL]:
+        problems.append(
+            f"trainer.worker_backend=in_process runs one worker in this process, but the roles "
+            f"are placed in the pools {pools}: {how} colocate every role (no "
+            f"trainer.role_pools, actor_rollout_ref.hybrid_engine=true)"
+        )
+    size, _ = pool_size(cfg, GLOBAL_POOL)
+    if size != 1:
+        problems.append(
+            f"trainer.worker_backend=in_process runs one worker in this process, but "
+            f"trainer.nnodes x trainer.n_gpus_per_node = {size}: {how} set "
+            f"trainer.nnodes=1 trainer.n_gpus_per_node=1"
+        )
+    if get(cfg, "trainer.max_restarts") not in (0, None):
+        problems.append(
+            "trainer.worker_backend=in_process cannot replace a lost worker (it is this "
+            f"process): {how} set trainer.max_restarts=0"
+        )
+    return problems
 
 
 def _check_split(checker: Checker, role_pools: dict[str, Any], sizes: dict[str, Any]) -> None:

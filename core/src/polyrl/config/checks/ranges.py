@@ -24,6 +24,7 @@ _KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_TYPES = _KL_ESTIMATORS + tuple(f"{name}+" for name in _KL_ESTIMATORS)
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DEVICES = ("cpu", "cuda")
+WORKER_BACKENDS = ("ray", "in_process")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULER_TYPES = ("constant", "cosine")
 TRUNCATIONS = ("error", "left", "right")
@@ -100,6 +101,7 @@ def check_ranges(checker: Checker) -> None:
     c.choice("data.truncation", TRUNCATIONS)
 
     c.choice("trainer.device", DEVICES)
+    c.choice("trainer.worker_backend", WORKER_BACKENDS)
     c.number("trainer.total_epochs", at_least(1), ">= 1", integer=True)
     c.number("trainer.log_val_generations", at_least(0), "0 (off) or more", integer=True)
     c.number(
