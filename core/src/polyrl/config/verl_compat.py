@@ -223,6 +223,11 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "vision-language models", "a text-only model"
     ),
     "actor_rollout_ref.actor.use_prefix_grouper": Refused("the prefix grouper", "remove it"),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": Refused(
+        "the per-token sum of squared vocabulary probabilities (sum_pi_squared, read by the "
+        "optimal-token baselines)",
+        "algorithm.adv_estimator=grpo, rloo or opo for a group baseline, and remove it",
+    ),
     "*.loss_scale_factor": Refused("a fixed loss scale factor", "actor.loss_agg_mode"),
     "*.rollout_n": NoEffect("actor_rollout_ref.rollout.n sets it"),
     "*.data_loader_seed": NoEffect("trainer.seed seeds the mini-batch order"),
@@ -260,9 +265,12 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "reward managers do not read them"
     ),
     "reward_model.use_reward_loop": NoEffect("rewards are scored by polyrl's reward workers"),
-    "reward_model.rollout.*": Refused(
-        "a generative reward model served by a rollout engine",
-        "reward_model.model.path (a sequence-classification model)",
+    # verl's reward loop serves reward_model.model.path on this engine; what a changed value
+    # means depends on the rest of the config (:func:`reward_loop_lines`). This entry is the
+    # fallback for a caller that judges one key alone.
+    "reward_model.rollout.*": NoEffect(
+        "polyrl runs the reward model (reward_model.model.path) in its reward_model role, not "
+        "on a rollout engine"
     ),
     "reward_model.sandbox_fusion.*": Refused(
         "the SandboxFusion service", "the code data source (polyrl-reward-code)"
@@ -318,13 +326,44 @@ ALIASES = {
 }
 
 
+# verl's backends that no polyrl plugin provides, by the key that selects them: naming one is a
+# verl feature polyrl does not support, not a misspelled plugin name.
+VERL_BACKENDS = {
+    "actor_rollout_ref.rollout.name": {"trtllm": "TensorRT-LLM rollout (verl's trtllm replica)"},
+}
+
+
+def backend_refusal(key: str, name: Any, installed: list[str]) -> str | None:
+    """The line for ``key=name`` when ``name`` is a verl backend polyrl has no plugin for
+    (:data:`VERL_BACKENDS`), naming the ``installed`` choices; None for any other name."""
+    feature = VERL_BACKENDS.get(key, {}).get(str(name))
+    if feature is None:
+        return None
+    choices = ", ".join(installed) or "none installed"
+    return f"{key}={name} asks for {feature} (verl); {NOT_SUPPORTED}: use one of {choices}"
+
+
 def added_key_message(key: str) -> str:
     """verl's ``+key=`` for a key that neither verl's config nor polyrl's declares: verl passes
     it to code that looks it up; polyrl has no such code."""
+    for pattern, (feature, instead) in ADDED_KEYS.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return f"+{key} asks for {feature} (verl); {NOT_SUPPORTED}: {_instead(instead)}"
     return (
         f"+{key} adds a key that neither verl's config nor polyrl's declares (a setting read "
         f"by verl's code only); {NOT_SUPPORTED}: remove it"
     )
+
+
+# Keys that verl's code reads without its config declaring them, that name a known feature.
+ADDED_KEYS = {
+    "*.fsdp_config.mixed_precision.*": (
+        "FSDP mixed-precision dtypes of verl's FSDP workers (param_dtype, reduce_dtype, "
+        "buffer_dtype)",
+        "fsdp_config.mixed_precision=true (compute in actor_rollout_ref.model.dtype, fp32 "
+        "master weights and gradient reduction; the FSDP engine's default) and remove them",
+    ),
+}
 
 
 # Keys verl's own example configs add (their YAML composes onto verl's trainer config) that the
@@ -473,14 +512,17 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     """``(problems, notices)`` for the run config ``cfg``: one line per verl key set to a value
     that is not its default; refused keys are problems, keys with no effect notices.
     ``schema``: the schema config at its defaults; ``declared``: the keys polyrl declares."""
-    problems: list[str] = []
-    notices: list[str] = []
-    for key, value in _changed(cfg, schema, declared):
+    changed = _changed(cfg, schema, declared)
+    loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
+    problems, notices = reward_loop_lines(cfg, loop)
+    for key, value in changed:
+        if key.startswith(f"{REWARD_LOOP}."):
+            continue
         meaning = disposition(key)
         if isinstance(meaning, Refused):
             problems.append(
                 f"{key}={_show(value)} asks for {meaning.feature} (verl); {NOT_SUPPORTED}: "
-                f"use {meaning.instead}"
+                f"{_instead(meaning.instead)}"
             )
         elif isinstance(meaning, PerGpu):
             per_gpu = OmegaConf.select(cfg, meaning.target, default=None)
@@ -491,6 +533,104 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
         else:
             notices.append(f"{key}={_show(value)} (verl) has no effect in polyrl: {meaning.why}")
     return problems, notices
+
+
+def _instead(text: str) -> str:
+    return text if text.startswith(("remove ", "drop ")) else f"use {text}"
+
+
+# verl's reward loop (reward_model.use_reward_loop, on by default) serves reward_model.model.path
+# on a rollout engine set by reward_model.rollout.*: a discriminative model that scores each
+# response, or a generative one (GenRM) that the user's custom_reward_function prompts through
+# the loop's router and whose reply it parses. polyrl runs the former in its reward_model role
+# (a sequence-classification model, Hugging Face's forward); the latter is polyrl-reward-judge's
+# reward_model.reward_manager=judge, with these of verl's keys meaning these of the judge's.
+REWARD_LOOP = "reward_model.rollout"
+JUDGE_KEYS = {
+    "reward_model.rollout.name": "reward_model.judge.rollout",
+    "reward_model.rollout.dtype": "reward_model.judge.dtype",
+    "reward_model.rollout.prompt_length": "reward_model.judge.max_prompt_tokens",
+    "reward_model.rollout.response_length": "reward_model.judge.max_new_tokens",
+}
+
+
+def judge_settings_from_verl(cfg: DictConfig, changed: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The judge's settings that a verl GenRM command line stands for: the served model
+    (``reward_model.model.path``) and the ``changed`` reward-loop keys (``[(key, value)]``)
+    that the judge reads (:data:`JUDGE_KEYS`)."""
+    settings: dict[str, Any] = {"reward_model.reward_manager": "judge"}
+    path = OmegaConf.select(cfg, "reward_model.model.path", default=None)
+    if path not in (None, ""):
+        settings["reward_model.judge.model_path"] = path
+    for key, value in changed:
+        if key in JUDGE_KEYS:
+            settings[JUDGE_KEYS[key]] = value
+    return settings
+
+
+def reward_loop_lines(cfg: DictConfig, changed: list[tuple[str, Any]]) -> tuple[list, list]:
+    """``(problems, notices)`` for verl's reward-loop engine keys ``changed`` (``[(key,
+    value)]``, each differing from verl's default), by what the config asks for:
+
+    - ``reward_model.reward_manager=judge``: a key the judge reads under its own name is refused
+      unless that name holds the same value (the line gives the key to write); the engine's
+      other settings have no effect (the judge's engine takes its defaults);
+    - ``reward_model.enable`` with ``custom_reward_function.path``: verl serves the model to the
+      function (a generative reward model), which polyrl cannot; one line names the judge's
+      keys that stand for the command line;
+    - otherwise the model, if any, is a discriminative one: polyrl's reward_model role runs it,
+      and the engine keys have no effect.
+    """
+    if not changed:
+        return [], []
+    manager = OmegaConf.select(cfg, "reward_model.reward_manager", default=None)
+    enabled = OmegaConf.select(cfg, "reward_model.enable", default=False) is True
+    function = OmegaConf.select(cfg, "custom_reward_function.path", default=None)
+    if manager == "judge":
+        problems, notices = [], []
+        for key, value in changed:
+            target = JUDGE_KEYS.get(key)
+            if target is None:
+                notices.append(
+                    f"{key}={_show(value)} (verl) has no effect in polyrl: the judge's engine "
+                    f"(reward_model.judge.rollout) takes that engine's defaults"
+                )
+            elif _same(_plain(OmegaConf.select(cfg, target, default=None)), value):
+                notices.append(
+                    f"{key}={_show(value)} (verl) has no effect in polyrl: {target} "
+                    f"sets it (to the same value)"
+                )
+            else:
+                problems.append(
+                    f"{key}={_show(value)} sets the engine of verl's generative reward model "
+                    f"(verl), which the judge does not read; {NOT_SUPPORTED}: use "
+                    f"{target}={_show(value)}"
+                )
+        return problems, notices
+    if enabled and function not in (None, ""):
+        judge = " ".join(
+            f"{key}={_show(value)}" for key, value in judge_settings_from_verl(cfg, changed).items()
+        )
+        keys = ", ".join(key.rpartition(".")[2] for key, _ in changed)
+        return [
+            f"{REWARD_LOOP}.{{{keys}}} with reward_model.enable=True and "
+            f"custom_reward_function.path asks for a reward model that verl's reward loop "
+            f"serves to the custom function (a generative reward model, GenRM) (verl); "
+            f"{NOT_SUPPORTED}: use the LLM judge, {judge}, with the function's prompt and "
+            f"parsing as reward_model.judge.template and reward_model.judge.verdict (see "
+            f"polyrl-reward-judge's README), and without reward_model.enable, "
+            f"custom_reward_function and {REWARD_LOOP}.*"
+        ], []
+    given = ", ".join(f"{key.rpartition('.')[2]}={_show(value)}" for key, value in changed)
+    if enabled:
+        why = (
+            "polyrl runs the reward model (reward_model.model.path, a sequence-classification "
+            "model that reads the policy's tokens, so it must share the policy's tokenizer) in "
+            "its reward_model role with Hugging Face's forward, not on a rollout engine"
+        )
+    else:
+        why = "reward_model.enable is false, so verl's reward loop serves no reward model either"
+    return [], [f"{REWARD_LOOP}.{{{given}}} (verl) has no effect in polyrl: {why}"]
 
 
 def _changed(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> list[tuple[str, Any]]:
@@ -570,17 +710,22 @@ __all__ = [
     "ALIASES",
     "DISPOSITIONS",
     "GLOBAL_MICRO_BATCHES",
+    "JUDGE_KEYS",
     "NOT_SUPPORTED",
+    "VERL_BACKENDS",
     "NoEffect",
     "PerGpu",
     "Refused",
     "added_key_message",
     "apply_global_micro_batches",
+    "backend_refusal",
     "check",
     "compat_keys",
     "disposition",
+    "judge_settings_from_verl",
     "mount",
     "open_groups",
+    "reward_loop_lines",
     "verl_commit",
     "verl_keys",
 ]

@@ -2,9 +2,10 @@
 
 Its engine is built like the actor's, from an engine node shaped like
 ``actor_rollout_ref.actor``: the actor's node with the ``critic.*`` settings merged over it
-(micro-batch sizes, token budgets, ``optim``, ``model.fsdp_config``), so any engine that reads
-the actor's layout and has a value head (``TrainingEngineSpec.supports_value_head``) runs a
-critic. The model is ``critic.model.path``, or the actor's model when it is null; in either case
+(micro-batch sizes, token budgets, ``optim``, ``model.fsdp_config``, the FSDP engine's
+``ulysses_sequence_parallel_size`` and the Megatron engine's ``megatron``), so any engine that
+reads the actor's layout and has a value head (``TrainingEngineSpec.supports_value_head``) runs
+a critic. The model is ``critic.model.path``, or the actor's model when it is null; in either case
 the engine keeps the backbone's weights and puts a fresh one-scalar head on it.
 """
 
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from polyrl.api import MiniBatchPlan
 
 
+ULYSSES = "ulysses_sequence_parallel_size"
+
+
 def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
     """The critic's engine node: the actor's, with the critic's keys (verl's names) over it."""
     critic, actor = cfg.critic, cfg.actor_rollout_ref.actor
@@ -43,7 +47,17 @@ def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
         for key in critic.model
         if OmegaConf.is_dict(critic.model[key]) and key in actor
     }
-    return OmegaConf.merge(
+    # The engines' keys directly under critic, which follow the actor's unless set: the FSDP
+    # engine's Ulysses size, the Megatron engine's split, offload and TransformerConfig
+    # overrides (verl's critic.megatron; an empty override dict keeps the actor's, which verl's
+    # default interpolates; a given one replaces it).
+    if ULYSSES in critic and ULYSSES in actor:
+        engine_groups[ULYSSES] = critic[ULYSSES]
+    overrides = None
+    if OmegaConf.is_dict(critic.get("megatron")) and "megatron" in actor:
+        engine_groups["megatron"] = plain_node(critic.megatron)
+        overrides = engine_groups["megatron"].get("override_transformer_config") or None
+    node = OmegaConf.merge(
         plain_node(actor),
         {
             "strategy": critic.strategy,
@@ -62,6 +76,9 @@ def critic_engine_node(cfg: Any, total_training_steps: int) -> Any:
             * total_training_steps,
         },
     )
+    if overrides is not None:  # the critic's own dict replaces the actor's, not merged into it
+        OmegaConf.update(node, "megatron.override_transformer_config", overrides, merge=False)
+    return node
 
 
 def critic_model_path(ctx: RoleContext) -> str:

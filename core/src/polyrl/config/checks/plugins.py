@@ -17,6 +17,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from polyrl.config.checks.checker import MISSING, Checker, as_list, is_number
+from polyrl.config.verl_compat import NOT_SUPPORTED, backend_refusal
 from polyrl.errors import PolyrlError
 from polyrl.registry import PluginIncompatibleError, Registration
 from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, PluginKind, resolve_object
@@ -73,7 +74,8 @@ def select(checker: Checker, kind: PluginKind, key: str, name: Any) -> Registrat
     except PluginIncompatibleError:
         raise  # the installation, not the config, is wrong: one error line, not a problem list
     except PolyrlError as exc:
-        checker.add(f"{key}: {exc}")
+        refusal = backend_refusal(key, name, checker.registry.names(kind))
+        checker.add(refusal or f"{key}: {exc}")
         return None
     before = len(checker.problems)
     check_not_broken(checker, key, reg)
@@ -119,8 +121,9 @@ def check_capabilities(checker: Checker, selected: dict[str, Registration]) -> N
     if estimator is not None and estimator.spec.requires_groups and is_number(n) and n < 2:
         checker.add(
             f"algorithm.adv_estimator={estimator.name!r} compares samples of one prompt, so it "
-            f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): set "
-            f"actor_rollout_ref.rollout.n=4, for example"
+            f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): n={n} asks for groups of one, "
+            f"whose raw score verl takes as the advantage (no baseline; here a group of one "
+            f"gets 0) (verl); {NOT_SUPPORTED}: set actor_rollout_ref.rollout.n=4, for example"
         )
     loss = selected.get(PluginKind.POLICY_LOSS.config_key)
     cap = checker.get("actor_rollout_ref.actor.tis_imp_ratio_cap")
