@@ -136,3 +136,19 @@ def test_verls_fsdp_mixed_precision_dtypes_are_refused_by_name() -> None:
             ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16"]
         )
     assert NOT_SUPPORTED in str(info.value)
+
+
+VAL = "actor_rollout_ref.rollout.val_kwargs"
+
+
+def test_sampled_validation_that_verl_would_run_is_named() -> None:
+    """verl's rollout ignores val_kwargs.do_sample and samples at val_kwargs.temperature; polyrl
+    reads do_sample: one sample is a notice, several identical greedy ones a problem that says
+    why verl differs."""
+    _, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.n=1")
+    assert any("do_sample=true for verl's validation" in n for n in notices)
+    _, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.n=1", f"{VAL}.do_sample=true")
+    assert not any("verl's validation" in n for n in notices)
+    cfg = load_config(["recipe=tiny", f"{VAL}.temperature=1.0", f"{VAL}.n=4"])
+    found = [p for p in validate_config(cfg) if "identical greedy answers" in p]
+    assert len(found) == 1 and "samples at" in found[0] and "do_sample=true" in found[0]

@@ -515,6 +515,7 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     changed = _changed(cfg, schema, declared)
     loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
     problems, notices = reward_loop_lines(cfg, loop)
+    notices += [line for line in [greedy_validation_notice(cfg)] if line]
     for key, value in changed:
         if key.startswith(f"{REWARD_LOOP}."):
             continue
@@ -533,6 +534,27 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
         else:
             notices.append(f"{key}={_show(value)} (verl) has no effect in polyrl: {meaning.why}")
     return problems, notices
+
+
+VAL = "actor_rollout_ref.rollout.val_kwargs"
+
+
+def greedy_validation_notice(cfg: DictConfig) -> str | None:
+    """verl's rollout does not read ``val_kwargs.do_sample`` (at the fixture's commit): it
+    samples at ``val_kwargs.temperature``; polyrl validates greedily when do_sample is false. A
+    config with both (one validation sample; several are a problem of ``polyrl validate``) gets
+    one line saying so."""
+    temperature = OmegaConf.select(cfg, f"{VAL}.temperature", default=None)
+    n = OmegaConf.select(cfg, f"{VAL}.n", default=None)
+    if OmegaConf.select(cfg, f"{VAL}.do_sample", default=None) is not False or n != 1:
+        return None
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        return None
+    return (
+        f"{VAL}.temperature={temperature} with {VAL}.do_sample=false: polyrl validates "
+        f"greedily, verl's rollout does not read do_sample and samples at that temperature; "
+        f"set {VAL}.do_sample=true for verl's validation"
+    )
 
 
 def _instead(text: str) -> str:
@@ -722,6 +744,7 @@ __all__ = [
     "check",
     "compat_keys",
     "disposition",
+    "greedy_validation_notice",
     "judge_settings_from_verl",
     "mount",
     "open_groups",
