@@ -11,7 +11,7 @@
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
 baseline=${BASELINE:-.baseline/plugins/rollout_hf/src}
-# The current side runs the fused, compiled step, opt-in on CUDA until its tests have run there.
+# The current side names the fused, compiled step (the default on CUDA) explicitly.
 opt_in=${OPT_IN:-'{"fused_step": "true", "compile": "true"}'}
 mkdir -p "$results"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/polyrl-user-cache}

@@ -8,6 +8,7 @@ tests/test_engine_equivalence.py.)"""
 
 from __future__ import annotations
 
+import gc
 from functools import partial
 
 import pytest
@@ -277,6 +278,10 @@ def _offload_scenario(rank: int, world: int, path: str, ckpt: str) -> dict:
 
     out = {}
     for offload in (False, True):
+        # what this engine holds on the GPU, whatever an earlier one left there
+        gc.collect()
+        torch.cuda.empty_cache()
+        start = torch.cuda.memory_allocated()
         keys = dict.fromkeys(("param_offload", "grad_offload", "optimizer_offload"), offload)
         ctx = megatron_context(
             path, engine=ENGINE, rank=rank, world_size=world, tensor_parallel=world, megatron=keys
@@ -294,7 +299,7 @@ def _offload_scenario(rank: int, world: int, path: str, ckpt: str) -> dict:
                 for k, v in state.items()
                 if k != "step"
             },
-            "allocated": torch.cuda.memory_allocated(),
+            "allocated": torch.cuda.memory_allocated() - start,
         }
         engine.save_checkpoint(f"{ckpt}_{offload}")
         run["after_save"] = {p.device.type for p in engine.model.parameters()}

@@ -110,13 +110,13 @@ class HFRolloutEngine(RolloutEngine):
     cache on too) and ``kv_cache_memory_bytes`` (vLLM's name: the decode slots' memory budget;
     unset, it is ``gpu_memory_utilization`` x the GPU's memory less what this process holds on
     CUDA, and no budget on CPU). With continuous batching ``micro_batch_size`` caps the decode
-    slots (vLLM's ``max_num_seqs``) and the budget may lower it. ``fused_step`` (``true``, and
-    ``auto`` off CUDA: the static step runs the written-out decoder layers of
+    slots (vLLM's ``max_num_seqs``) and the budget may lower it. ``fused_step`` (``auto``/
+    ``true``: the static step runs the written-out decoder layers of
     :mod:`polyrl_rollout_hf.fused_step` for a Llama-family model, transformers' forward
-    otherwise; ``false``, and ``auto`` on CUDA: transformers' forward) and ``compile`` (``true``:
-    the fused step and the sampling run through ``torch.compile``, cached on disk by
-    :mod:`polyrl_rollout_hf.compile_cache`; ``auto``/``false``: eager). On CUDA both are opt-in
-    until their equality tests have run on a GPU.
+    otherwise, and ``true`` refuses a model it cannot run; ``false``: transformers' forward) and
+    ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
+    ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
+    ``auto`` on CPU: eager).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
     """
 
@@ -166,11 +166,10 @@ class HFRolloutEngine(RolloutEngine):
         self._slots_by_length: dict[int, int] = {}
         fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
         compiled = _tri_state("compile", engine_option(config, "compile", "auto"))
-        # On CUDA the fused, compiled step is opt-in until its equality tests have run on a GPU:
-        # ``auto`` keeps the step through the model's own forward there.
-        if fused is None:
-            fused = self.device.type != "cuda"
-        self.compiled = compiled is True
+        # auto: the fused step wherever the model allows it; compiled on CUDA only, where it
+        # removes the per-layer launch overhead that dominates a decode step (the CPU would pay
+        # the compilation and gain little)
+        self.compiled = compiled is True or (compiled is None and self.device.type == "cuda")
         # How often the decode loops read back which rows ended: a read-back makes the host wait
         # for the GPU; steps after a row ended change no output (only how far the sampling
         # generator has advanced, so the CPU, where a read-back is free, checks every step).
