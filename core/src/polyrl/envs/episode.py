@@ -59,7 +59,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class AssistantTurn:
-    """One sampled assistant turn. ``text`` is its tokens decoded without special tokens;
+    """One sampled assistant turn. ``text`` is its tokens decoded without special tokens
+    (after the episode's :attr:`EpisodeStart.prefill` on the first turn);
     ``tool_calls`` what the format's parser found in it, ``tool_call_errors`` one line per call
     that did not parse. ``finished``: it ended with an end-of-turn token (False: the token budget
     cut it). ``index`` counts the episode's assistant turns from 0."""
@@ -77,10 +78,17 @@ class EpisodeStart:
     """How an episode begins. ``messages``: the chat so far (``{"role", "content"}`` dicts),
     rendered with the tokenizer's chat template and ``tools`` (JSON schemas in the OpenAI
     ``{"type": "function", "function": {...}}`` form); None keeps the prompt's tokens exactly as
-    the data loader made them (then ``tools`` are not shown to the model)."""
+    the data loader made them (then ``tools`` are not shown to the model).
+
+    ``prefill``: text the first assistant turn starts with, written after the assistant header
+    (e.g. the opening of a tool call, for a model whose template ignores tools). Its tokens are
+    the end of the first prompt: the model reads them, never samples them, and they are never
+    trained on. The turn's :attr:`AssistantTurn.text` (what is parsed for tool calls, and
+    scored when it is the last turn) is the prefill followed by what the model wrote."""
 
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    prefill: str = ""
 
 
 @dataclass

@@ -69,6 +69,7 @@ class Trajectory:
     end_reason: str | None = None
     last_text: str = ""
     result: EpisodeResult = field(default_factory=EpisodeResult)
+    prefill: str = ""  # the start of the next assistant turn, already in the context
 
     @property
     def live(self) -> bool:
@@ -163,6 +164,9 @@ class MultiTurnRollout:
         start = await self._call(traj, traj.episode.start())
         if isinstance(start, EpisodeStart) and start.messages is not None:
             traj.prompt_ids = self.chat.prompt_ids(start.messages, start.tools)
+        if isinstance(start, EpisodeStart) and start.prefill:
+            traj.prefill = start.prefill  # prompt tokens: read, never sampled nor trained on
+            traj.prompt_ids = traj.prompt_ids + self.chat.encode(start.prefill)
         if len(traj.prompt_ids) > self.max_prompt_length:
             traj.end_reason = END_PROMPT_TOO_LONG
 
@@ -201,7 +205,8 @@ class MultiTurnRollout:
                 lp = [0.0] * n
             traj.append(sampled, lp)
             traj.assistant_turns += 1
-            text = self.chat.tokenizer.decode(sampled, skip_special_tokens=True)
+            text = traj.prefill + self.chat.tokenizer.decode(sampled, skip_special_tokens=True)
+            traj.prefill = ""
             traj.last_text = text
             calls, errors = self.parse(text, traj.assistant_turns - 1)
             # stopped before the longest allowed turn: the engine met a stop token

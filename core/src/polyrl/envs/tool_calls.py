@@ -1,8 +1,10 @@
 """Tool calls in assistant text, by ``actor_rollout_ref.rollout.multi_turn.format``.
 
 ``hermes`` (Qwen2/2.5, SmolLM2 and most open models' templates, verl's default): each call is
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that is not such JSON is
-reported as an error line of the turn (the environment answers it), never raised.
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; a last ``<tool_call>`` that the
+turn ends without closing runs to the end of the turn (small models often stop right after the
+JSON). A block that is not such JSON is reported as an error line of the turn (the environment
+answers it), never raised.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 
 from polyrl.envs.episode import ToolCall
 
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def parse_hermes(text: str, turn: int) -> tuple[list[ToolCall], list[str]]:

@@ -55,8 +55,15 @@ class ToolEpisode(Episode):
                 instance,
                 instance_id if isinstance(instance_id, str) else "",
             )
-        messages = list(self.row.get("messages") or [])
-        return EpisodeStart(messages=messages, tools=[t.schema for t in self.env.tools.values()])
+        messages = [dict(m) for m in self.row.get("messages") or []]
+        if self.env.system_prompt is not None:
+            messages = [m for m in messages if m.get("role") != "system"]
+            messages.insert(0, {"role": "system", "content": self.env.system_prompt})
+        return EpisodeStart(
+            messages=messages,
+            tools=[t.schema for t in self.env.tools.values()],
+            prefill=self.env.prefill,
+        )
 
     async def step(self, turn: AssistantTurn) -> Observation:
         if not turn.tool_calls and not turn.tool_call_errors:
@@ -132,6 +139,9 @@ class ToolEnvironment(Environment):
         self.max_parallel_calls = int(multi_turn.max_parallel_calls)
         self.timeout_s = float(multi_turn.tool_timeout_s)
         self.max_output_bytes = int(multi_turn.max_tool_output_bytes)
+        system_prompt = multi_turn.get("system_prompt")
+        self.system_prompt = None if system_prompt is None else str(system_prompt)
+        self.prefill = str(multi_turn.get("prefill") or "")
 
     def episode(self, row: Mapping[str, Any]) -> Episode:
         return ToolEpisode(self, row)

@@ -1,4 +1,4 @@
-"""Entry point of polyrl-env-tools: the ``tools`` and ``tool_tiny`` environments."""
+"""Entry point of polyrl-env-tools: the ``tools``, ``calculator`` and ``tool_tiny`` environments."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ def polyrl_environments() -> Iterator[EnvironmentSpec]:
         config_sections={
             "actor_rollout_ref.rollout.multi_turn": "polyrl_env_tools.settings:ToolSettings"
         },
+    )
+    yield EnvironmentSpec(
+        name="calculator",
+        description="The tools environment with the built-in calculate tool "
+        "(recipe=calc_smollm2: reasoning-gym arithmetic); metrics tool_success, "
+        "tool_result_correct",
+        environment="polyrl_env_tools.calculator:CalculatorEnvironment",
     )
     yield EnvironmentSpec(
         name="tool_tiny",

@@ -11,8 +11,18 @@ class ToolSettings:
     """``tool_config_path`` (verl's key): a verl tool-config YAML (``tools:`` entries with
     ``class_name``, ``config``, ``tool_schema``); null: no tools. ``tool_timeout_s`` (polyrl's):
     the limit of each tool call; a call past it ends its episode (``tool_timeout``).
-    ``max_tool_output_bytes``: what a tool may print per call (the rest is dropped and counted)."""
+    ``max_tool_output_bytes``: what a tool may print per call (the rest is dropped and counted).
+    ``system_prompt``: a system message put first in every episode (replacing the row's own);
+    null: the row's messages as they are. ``prefill``: text every episode's first assistant
+    turn starts with, e.g. the opening of a tool call for a model whose chat template ignores
+    tools; it is part of the prompt's tokens (read by the model, never sampled nor trained on)
+    and is parsed together with what the model writes after it. ``tool_success_reward``
+    (``calculator`` environment): a reward of the turn whose call the calculator answered with a
+    number, added to the episode's score (shaping; 0: none)."""
 
     tool_config_path: str | None = None
     tool_timeout_s: float = 10.0
     max_tool_output_bytes: int = 65536
+    system_prompt: str | None = None
+    prefill: str = ""
+    tool_success_reward: float = 0.0
