@@ -107,12 +107,17 @@ class TestDapoAlgorithmConformance(AlgorithmConformance):
 
 
 class TestDapoRecipeAlgorithmConformance(AlgorithmConformance):
-    """recipe=dapo: dynamic sampling around gen, reward and the overlong penalty."""
+    """recipe=dapo with the overlong buffer: dynamic sampling around gen, reward and the
+    overlong penalty."""
 
     plugin_name = "dapo"
 
     def overrides(self) -> list[str]:
-        return ["recipe=dapo"]
+        return [
+            "recipe=dapo",
+            "reward_model.overlong_buffer.enable=true",
+            "reward_model.overlong_buffer.len=4",
+        ]
 
 
 class TestDapoWithoutFilteringAlgorithmConformance(AlgorithmConformance):

@@ -7,6 +7,9 @@ from polyrl.api import build_pipeline
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
 
+# recipe=dapo leaves DAPO's overlong punishment off (see the recipe); these turn it on
+WITH_BUFFER = ("reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4")
+
 
 def test_dapo_brings_clip_higher_token_mean_and_dynamic_sampling():
     cfg = load_config(["recipe=tiny", "algorithm.name=dapo"])
@@ -38,8 +41,8 @@ def test_the_step_follows_the_settings(overrides, stages):
     assert build_pipeline(cfg).names()[: len(stages)] == stages
 
 
-def test_recipe_dapo_filters_around_the_overlong_penalty():
-    step = build_pipeline(load_config(["recipe=dapo"]))
+def test_recipe_dapo_with_the_buffer_filters_around_the_overlong_penalty():
+    step = build_pipeline(load_config(["recipe=dapo", *WITH_BUFFER]))
     sampling = step["dynamic_sampling"]
     assert sampling.scoring.names() == ["reward", "overlong_penalty"]
     assert {"token_level_scores", "token_level_rewards", "uid"} <= set(sampling.provides)
@@ -79,7 +82,7 @@ def test_recipe_dapo_filters_around_the_overlong_penalty():
     ],
 )
 def test_bad_settings_are_one_line_each(overrides, expected):
-    problems = validate_config(load_config(["recipe=dapo", *overrides]))
+    problems = validate_config(load_config(["recipe=dapo", *WITH_BUFFER, *overrides]))
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
