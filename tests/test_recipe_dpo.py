@@ -1,6 +1,6 @@
-"""End to end: ``polyrl train recipe=dpo`` (offline DPO on the tiny model, 2 CPU workers over Ray)
-learns the preference, and a DPO run on preference parquet written by another tool in TRL's
-layout trains, validates, checkpoints and resumes."""
+"""End to end: ``polyrl train recipe=dpo`` (offline DPO on the tiny model, one worker in the
+run's process) learns the preference, and a DPO run on preference parquet written by another
+tool in TRL's layout trains, validates, checkpoints and resumes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""End to end: ``polyrl train recipe=ppo`` (PPO with a critic, GAE) over Ray with 2 CPU workers,
-as a user runs it: the policy learns, verl's critic metrics are logged on every step, the
-critic is checkpointed in each step folder next to the actor, and a resumed run continues
-bitwise like an uninterrupted one, critic included."""
+"""End to end: ``polyrl train recipe=ppo`` (PPO with a critic, GAE), as a user runs it: over
+Ray with 2 CPU workers the policy learns, verl's critic metrics are logged on every step, the
+critic is checkpointed (both ranks' shards) in each step folder next to the actor; and with one
+worker in the run's process, a resumed run continues bitwise like an uninterrupted one, critic
+included."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CRITIC_METRICS = (
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ppo_learning")
-    polyrl_train(out, "recipe=ppo", "trainer.logger=[jsonl]")
+    polyrl_train(out, "recipe=ppo", "trainer.logger=[jsonl]", over_ray=True)
     return out
 
 

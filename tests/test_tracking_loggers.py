@@ -24,7 +24,9 @@ pytestmark = [
 STEPS = 2
 
 
-def test_a_run_is_recorded_by_mlflow_and_swanlab(tmp_path: Path) -> None:
+def test_a_run_is_recorded_by_mlflow_and_swanlab(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mlflow.tracking import MlflowClient
     from test_swanlab_logger import read_records
     from test_train_tiny import polyrl_train
@@ -40,6 +42,8 @@ def test_a_run_is_recorded_by_mlflow_and_swanlab(tmp_path: Path) -> None:
     rewards = {r["step"]: r["critic/score/mean"] for r in read_jsonl(tmp_path)}
     assert sorted(rewards) == list(range(1, STEPS + 1))
 
+    # MLflow 3 reads a file store only with this switch (the logger sets it in the run's process)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
     run_id = (tmp_path / "mlflow_run_id.txt").read_text().strip()
     history = {m.step: m.value for m in client.get_metric_history(run_id, "critic/score/mean")}

@@ -26,13 +26,16 @@ STRATEGY = "actor_rollout_ref.actor.strategy=deepspeed"
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """20 steps with a checkpoint at 10 and 20, then a run to 22 steps in the same folder."""
     out = tmp_path_factory.mktemp("tiny_deepspeed")
-    polyrl_train(out, STRATEGY, "trainer.total_training_steps=20", "trainer.save_freq=10")
+    polyrl_train(
+        out, STRATEGY, "trainer.total_training_steps=20", "trainer.save_freq=10", over_ray=True
+    )
     resumed = polyrl_train(
         out,
         STRATEGY,
         "trainer.total_training_steps=22",
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
+        over_ray=True,
     )
     return out, resumed.stderr
 
