@@ -6,8 +6,9 @@
   Ray) a rollout left with stale weights shows a large sampler/trainer probability gap
   (``training/rollout_probs_diff_max``, the metric the run logs), a synced one none; the
   reference (the actor's model with adapters off) scores exactly like the base model.
-- A run (one worker in its own process, ``polyrl_train``) learns, the gap stays near zero at every step, checkpoints
-  hold adapters only, the export is the adapter folder, and a resume continues bitwise.
+- A run (one worker in its own process, ``polyrl_train``) learns, the gap stays near zero at
+  every step, checkpoints hold adapters only, the export is the adapter folder, and a resume
+  continues bitwise.
 """
 
 from __future__ import annotations
