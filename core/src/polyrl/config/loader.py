@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -30,16 +31,10 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     :class:`polyrl.specs.AlgorithmSpec`). Raises :class:`polyrl.errors.ConfigError` with the
     closest valid key for a misspelled one.
     """
-    from polyrl.config.keys import check_override_keys, schema_keys
-    from polyrl.config.sections import schema_config
-    from polyrl.config.verl_compat import apply_global_micro_batches, mount
+    from polyrl.config.keys import check_override_keys
+    from polyrl.config.verl_compat import apply_global_micro_batches
 
-    # The schema is stored afresh each time: installed plugins' sections are part of it, and a
-    # plugin registered in-process (polyrl.register) may have added some since the last call.
-    # verl's keys that polyrl does not declare are mounted at verl's defaults (verl_compat).
-    schema = schema_config()
-    mount(schema, set(schema_keys()))
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
+    _store_schema()
     overrides = list(overrides or [])
     check_override_keys(overrides)
     cfg = _compose(overrides)
@@ -54,6 +49,27 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     apply_global_micro_batches(cfg, overrides)
     OmegaConf.resolve(cfg)
     return cfg
+
+
+_stored_schema: list[DictConfig] = []  # the schema the ConfigStore holds, as it was built
+
+
+def _store_schema() -> None:
+    """Give Hydra the schema with verl's keys that polyrl does not declare mounted at verl's
+    defaults (:mod:`polyrl.config.verl_compat`), whenever it differs from the one stored: the
+    installed plugins' sections are part of it, and a plugin registered in-process
+    (``polyrl.register``) may have added some since the last call."""
+    from polyrl.config.keys import schema_keys
+    from polyrl.config.sections import schema_defaults
+    from polyrl.config.verl_compat import mount
+
+    schema = schema_defaults()
+    if _stored_schema and _stored_schema[0] is schema:
+        return
+    mounted = copy.deepcopy(schema)
+    mount(mounted, set(schema_keys()))
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=mounted)
+    _stored_schema[:] = [schema]
 
 
 def _merge_plugin_settings(cfg: DictConfig) -> None:

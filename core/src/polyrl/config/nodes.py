@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from polyrl.config.sections import schema_config
+from polyrl.config.sections import schema_defaults
 from polyrl.errors import ConfigError
 
 
@@ -40,7 +40,7 @@ def schema_node(node: Any, path: str) -> Any:
     for part in reversed(path.split(".")):
         nested = {part: nested}
     try:
-        merged = OmegaConf.merge(schema_config(), nested)
+        merged = OmegaConf.merge(schema_defaults(), nested)  # merge copies: no change
     except OmegaConfBaseException as exc:
         raise ConfigError(_merge_message(path, exc)) from exc
     return OmegaConf.select(merged, path)

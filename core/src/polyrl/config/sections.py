@@ -72,13 +72,20 @@ def section_problems(registry: Any = None) -> list[str]:
     different types or defaults. One line each, naming the packages."""
     mounted = _mounted(registry)
     problems = list(mounted.problems)
-    schema_config(registry, problems)
+    schema_defaults(registry, problems)
     return problems
 
 
 def schema_config(registry: Any = None, problems: list[str] | None = None) -> DictConfig:
     """A fresh, typed and struct-mode config of every key a run may set: core's schema with the
     installed plugins' sections mounted, at their defaults."""
+    return copy.deepcopy(schema_defaults(registry, problems))  # callers may change theirs
+
+
+def schema_defaults(registry: Any = None, problems: list[str] | None = None) -> DictConfig:
+    """:func:`schema_config`'s config itself, shared, for reading defaults only: a copy of the
+    whole schema costs more than most validations' checks, and a validation reads it several
+    times. Never change it (every later caller would see the change)."""
     key = _mounted_key(registry)
     if key not in _schemas:
         _schemas.clear()
@@ -92,7 +99,7 @@ def schema_config(registry: Any = None, problems: list[str] | None = None) -> Di
     schema, met = _schemas[key]
     if problems is not None:
         problems.extend(met)
-    return copy.deepcopy(schema)  # callers may change theirs
+    return schema
 
 
 def apply_aliases(

@@ -70,10 +70,10 @@ def verl_lines(cfg: DictConfig) -> tuple[list[str], list[str]]:
     """``(problems, notices)`` for verl's keys that polyrl refuses or that have no effect here
     (:mod:`polyrl.config.verl_compat`)."""
     from polyrl.config.keys import schema_keys
-    from polyrl.config.sections import schema_config
+    from polyrl.config.sections import schema_defaults
     from polyrl.config.verl_compat import check
 
-    return check(cfg, schema_config(), set(schema_keys()))
+    return check(cfg, schema_defaults(), set(schema_keys()))
 
 
 def summarize(cfg: DictConfig, registry: Registry | None = None) -> str:

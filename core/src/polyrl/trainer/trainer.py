@@ -33,6 +33,7 @@ from polyrl.checkpoint import (
     save_driver_state,
 )
 from polyrl.config import to_container
+from polyrl.config.checks.placement import IN_PROCESS
 from polyrl.data.training import TrainingData, ValidationResult
 from polyrl.errors import ConfigError, PolyrlError
 from polyrl.fsutil import DiskFullError, naming_full_disk
@@ -57,7 +58,6 @@ from polyrl.trainer.outputs import (
 from polyrl.trainer.recovery import Restart, cause_line, record_restart, worker_died
 from polyrl.trainer.val_generations import generation_rows, pick_generations
 from polyrl.workers.group import WorkerError
-from polyrl.config.checks.placement import IN_PROCESS
 from polyrl.workers.nodes import require_cluster_to_join
 from polyrl.workers.placement import start_role_workers
 from polyrl.workers.worker_group import ensure_ray

@@ -263,8 +263,8 @@ def start_role_workers(
     ``tokens``: ``pad_token_id`` and ``eos_token_ids``.
     ``worker_cls`` replaces :class:`~polyrl.workers.worker.Worker` (a subclass that times calls,
     in benchmarks). Ray is started with defaults when it is not running
-    (:func:`~polyrl.workers.worker_group.ensure_ray`). Each Ray worker reserves at most one CPU: fewer (a fraction)
-    when Ray has fewer CPUs available than there are workers.
+    (:func:`~polyrl.workers.worker_group.ensure_ray`). Each Ray worker reserves at most one
+    CPU: fewer (a fraction) when Ray has fewer CPUs available than there are workers.
     """
     if not roles:
         raise PolyrlError("start_role_workers needs at least one role")

@@ -140,9 +140,9 @@ def _check_keys_of_other_algorithms(checker: Checker, algorithm: Registration) -
     changed from its default, would be silently ignored by the selected one."""
     from omegaconf import OmegaConf
 
-    from polyrl.config.sections import schema_config
+    from polyrl.config.sections import schema_defaults
 
-    defaults = schema_config(checker.registry)
+    defaults = schema_defaults(checker.registry)
     owners: dict[str, list[Registration]] = {}  # a key several algorithms read: any of them
     for other in checker.registry.all(PluginKind.ALGORITHM):
         for key in other.spec.owned_keys:
