@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from polyrl.api import Batch, assemble
+from polyrl.api.testing import AlgorithmConformance, ScriptedRoles, run_stage
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
-from polyrl.testing import AlgorithmConformance
-from polyrl.testing.stages import ScriptedRoles, run_stage
 from polyrl_algo_distill.stages import DistillAdvantageStage, TeacherLogProbStage
 
 BASE = ("recipe=tiny", "algorithm.name=distill")

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from polyrl.api import Batch, ConfigError, assemble
+from polyrl.api import Batch, ConfigError, RoleContext, assemble, resolve_model_path
+from polyrl.api.testing import rollout_contract
 from polyrl.config.loader import load_config
-from polyrl.models.resolve import resolve_model_path
-from polyrl.testing.rollout_contract import hf_causal_lm, teacher_forced_log_probs
-from polyrl.workers.roles.base import RoleContext
 from polyrl_algo_distill.teacher import TeacherRole
 
 PROMPT, RESPONSE, ROWS = 5, 4, 3
@@ -73,7 +71,8 @@ def rollout_batch() -> Batch:
 
 
 def expected_log_probs(path: str, batch: Batch) -> torch.Tensor:
-    return teacher_forced_log_probs(hf_causal_lm(path), batch) * batch["response_mask"]
+    model = rollout_contract.hf_causal_lm(path)
+    return rollout_contract.teacher_forced_log_probs(model, batch) * batch["response_mask"]
 
 
 def test_the_teacher_loads_its_own_frozen_model_in_its_dtype(student_path):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from polyrl.api import resolve_model_path
-from polyrl.testing.cli import run_polyrl
+from polyrl.api.testing import run_polyrl
 
 pytestmark = pytest.mark.slow
 
