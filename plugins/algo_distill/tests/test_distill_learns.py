@@ -87,6 +87,8 @@ def test_the_teacher_runs_on_a_pool_of_its_own(recipe_run, student, teacher, tmp
         "trainer.resource_pools.teacher_pool=1",
         "trainer.total_training_steps=1",
         "trainer.val_before_train=false",
+        "trainer.test_freq=-1",  # no validation, no export: the step is what is compared
+        "trainer.export_hf_model=false",
     )
     assert record["timing_s/teacher"] > 0
     colocated = next(r for r in recipe_run[0] if r["step"] == 1)
