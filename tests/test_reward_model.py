@@ -16,7 +16,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
@@ -214,7 +213,6 @@ def test_grpo_on_the_reward_model_raises_its_score(reward_model_path: str, tmp_p
         "polyrl",
         "train",
         "recipe=tiny",
-        *IN_PROCESS_OVERRIDES,
         "reward_model.enable=true",
         f"reward_model.model.path={reward_model_path}",
         "reward_model.combine=replace",
