@@ -187,6 +187,25 @@ def test_builtin_reasoning_gym_rows_are_scorable(tmp_path: Path, monkeypatch):
         resolve_data_files("builtin:reasoning_gym/chain_sum?min_terms=0", "train")
 
 
+def test_builtin_reasoning_gym_validates_on_problems_it_did_not_train_on(tmp_path, monkeypatch):
+    """reasoning-gym's dataset of seed s + 1 is seed s's shifted by one problem: a validation
+    split seeded next to the training split's would be made of training problems."""
+    import reasoning_gym
+
+    shifted = reasoning_gym.create_dataset("basic_arithmetic", size=4, seed=8)
+    again = reasoning_gym.create_dataset("basic_arithmetic", size=4, seed=7)
+    assert [shifted[i]["question"] for i in range(3)] == [again[i]["question"] for i in (1, 2, 3)]
+
+    monkeypatch.setenv("POLYRL_CACHE_DIR", str(tmp_path))
+    spec = "builtin:reasoning_gym/basic_arithmetic?train_size=64&val_size=16&seed=7"
+    questions = {
+        split: {row["prompt"][-1]["content"] for row in pq.read_table(path).to_pylist()}
+        for split in ("train", "val")
+        for path in resolve_data_files(spec, split)
+    }
+    assert len(questions["val"]) == 16 and not questions["val"] & questions["train"]
+
+
 # ---- the command ----------------------------------------------------------------------------
 def test_polyrl_data_command_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture):
     from polyrl.data.commands import add_subcommand

@@ -35,6 +35,9 @@ PROMPT_STYLES = ("fewshot", "system", "plain")
 DEFAULT_NUM_EXAMPLES = 2
 #: Seed offset of the few-shot example, so that it is not one of the problems of the splits.
 _FEWSHOT_SEED_OFFSET = 1_000_003
+#: Larger than any training split (see :func:`write_reasoning_gym`), and apart from the fewshot
+#: examples' seed by more than that too.
+VAL_SEED_OFFSET = 100_000_007
 
 TINY_DIGITS_SOURCE = "polyrl/tiny_digits"
 
@@ -174,17 +177,19 @@ def write_reasoning_gym(
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``val.parquet`` of a reasoning-gym task into ``out_dir``.
 
-    The splits use different seeds (``seed`` and ``seed + 1``); on tasks with few distinct problems
-    (e.g. one-digit sums) they can still share questions. Both splits use the same fewshot
-    examples.
+    The validation split's seed is ``seed + VAL_SEED_OFFSET``: reasoning-gym's dataset of seed
+    ``s + 1`` is the one of seed ``s`` shifted by one problem, so nearby seeds would validate on
+    training problems. On tasks with few distinct problems (one-digit sums: 100) the splits still
+    share questions. Both splits use the same fewshot examples.
     """
     sizes = {"train": train_size, "val": val_size}
+    seeds = {"train": seed, "val": seed + VAL_SEED_OFFSET}
     paths = {}
-    for offset, split in enumerate(SPLITS):
+    for split in SPLITS:
         rows = reasoning_gym_rows(
             task,
             size=sizes[split],
-            seed=seed + offset,
+            seed=seeds[split],
             split=split,
             task_config=task_config,
             prompt_style=prompt_style,

@@ -25,7 +25,7 @@ from polyrl.errors import DataError
 
 BUILTIN_PREFIX = "builtin:"
 #: Bump when a generator's output changes, so cached files of the old format are not reused.
-GENERATOR_FORMAT_VERSION = 3
+GENERATOR_FORMAT_VERSION = 4
 _SPLIT_ALIASES = {"train": "train", "val": "val", "validation": "val", "test": "val"}
 
 
