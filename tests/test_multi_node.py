@@ -68,7 +68,9 @@ def test_two_nodes_train_with_one_worker_on_each(
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     monkeypatch.delenv(LOCAL_ONLY_ENV, raising=False)
-    run = polyrl_train(tmp_path, *STEPS, "trainer.nnodes=2", "trainer.total_training_steps=24")
+    run = polyrl_train(
+        tmp_path, *STEPS, "trainer.nnodes=2", "trainer.total_training_steps=24", over_ray=True
+    )
     lines = NODE_LINE.findall(run.stderr)
     assert len(lines) == 1, run.stderr[-4000:]
     count, where = lines[0]

@@ -72,6 +72,9 @@ def test_recipe_learns(recipe: str, tmp_path: Path) -> None:
         assert all(name in r for r in records), f"{recipe}: a step lacks {name}"
     if recipe == "dapo":
         check_dynamic_sampling(cfg, records)
+    if recipe == "tool_tiny":  # validation played the episodes, tool calls and all
+        turns = "val-aux/multi_turn/assistant_turns/mean"
+        assert turns in val_before and records[-1][turns] > 1.0, (val_before, records[-1])
 
 
 def test_agent_code_through_the_endpoint_learns_the_tool_task(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ SPLIT = (
 
 
 def test_split_placement_learns_with_a_verified_sync_every_step(tmp_path: Path) -> None:
-    polyrl_train(tmp_path, *SPLIT, "trainer.total_training_steps=24")
+    polyrl_train(tmp_path, *SPLIT, "trainer.total_training_steps=24", over_ray=True)
     records = read_records(tmp_path)
     assert [r["weight_sync/version"] for r in records] == list(range(1, 25))
     # fp32 on both sides: the rollout runs exactly the trainer's weights

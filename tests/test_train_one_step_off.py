@@ -31,7 +31,7 @@ ONE_STEP_OFF = (
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("one_step_off")
-    polyrl_train(out, *ONE_STEP_OFF)
+    polyrl_train(out, *ONE_STEP_OFF, over_ray=True)
     return out
 
 
@@ -58,6 +58,7 @@ def test_resume_from_the_middle_is_bitwise_like_the_straight_run(
         *ONE_STEP_OFF,
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={straight / 'global_step_18'}",
+        over_ray=True,
     )
     assert "resumed from" in run.stderr
     records = read_records(resumed)

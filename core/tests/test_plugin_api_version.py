@@ -29,8 +29,8 @@ from polyrl.specs import (
 
 PACKAGE = "polyrl-foo"
 NEWER = (
-    "polyrl-foo 0.3 supports polyrl API >=2.0, this polyrl has API 1.0: upgrade polyrl or "
-    "install a polyrl-foo release for API 1.x"
+    f"polyrl-foo 0.3 supports polyrl API >=2.0, this polyrl has API {API_VERSION}: upgrade "
+    "polyrl or install a polyrl-foo release for API 1.x"
 )
 
 
@@ -122,8 +122,8 @@ def test_a_range_above_this_api_says_upgrade_polyrl() -> None:
 def test_a_range_below_this_api_names_a_plugin_release(declared: str) -> None:
     why = api_incompatibility(declared, PACKAGE, "0.3")
     assert why == (
-        f"polyrl-foo 0.3 supports polyrl API {declared}, this polyrl has API 1.0: install a "
-        f"polyrl-foo release for API 1.x"
+        f"polyrl-foo 0.3 supports polyrl API {declared}, this polyrl has API {API_VERSION}: "
+        f"install a polyrl-foo release for API 1.x"
     )
 
 
@@ -259,6 +259,6 @@ def test_preflight_names_the_reason_not_an_install_of_the_first_party_package(
     line = next(x for x in str(info.value).splitlines() if x.startswith("actor_rollout_ref.roll"))
     assert line == (
         "actor_rollout_ref.rollout.name=vllm: rollout_engine 'vllm' is incompatible: "
-        "polyrl-rollout-vllm 0.0.1 supports polyrl API <1.0, this polyrl has API 1.0: install a "
-        "polyrl-rollout-vllm release for API 1.x"
+        f"polyrl-rollout-vllm 0.0.1 supports polyrl API <1.0, this polyrl has API {API_VERSION}: "
+        "install a polyrl-rollout-vllm release for API 1.x"
     )

@@ -123,3 +123,13 @@ def test_check_names_what_is_wrong(config_of) -> None:
         "verifiers_rows=both must be one of env, data"
         in check_config(config_of("vf_envs:single_turn", rows="both"))[0]
     )
+
+
+def test_building_an_environment_leaves_the_stop_handlers_as_they_were(config_of) -> None:
+    """verifiers' Environment sets SIGINT and SIGTERM handlers of its own when built; the driver
+    keeps polyrl's (a SIGTERM must finish the step and keep the checkpoint, not exit 143)."""
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    environment(config_of, "multi_turn")
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -122,6 +122,11 @@ _LAZY: dict[str, str] = {
     # the run plan: what a config selects, the step built from it, the workers' part
     "RunPlan": "polyrl.plan:RunPlan",
     "assemble": "polyrl.plan:assemble",
+    "ChatTokens": "polyrl.envs.chat:ChatTokens",
+    "MultiTurnRollout": "polyrl.envs.rollout:MultiTurnRollout",
+    "default_compute_score": "polyrl.rewards.scorers:default_compute_score",
+    "load_config": "polyrl.config.loader:load_config",
+    "resolve_data_files": "polyrl.data.sources:resolve_data_files",
     "build_pipeline": "polyrl.plan:build_pipeline",
     "select_algorithm": "polyrl.plan:select_algorithm",
     "WorkerPlan": "polyrl.workers.worker_plan:WorkerPlan",
@@ -202,15 +207,20 @@ if TYPE_CHECKING:
     from polyrl.config.checks.off_policy import TIS_CAP_KEY, tis_enabled
     from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
     from polyrl.config.keys import plugin_settings
+    from polyrl.config.loader import load_config
     from polyrl.config.nodes import schema_node
     from polyrl.config.schema import OptimConfig
     from polyrl.config.sections import following, schema_config
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
+    from polyrl.data.sources import resolve_data_files
     from polyrl.data.training import TrainingData, training_data_from_files
     from polyrl.data.unteachable import settle_unteachable
+    from polyrl.envs.chat import ChatTokens
+    from polyrl.envs.rollout import MultiTurnRollout
     from polyrl.plan import RunPlan, assemble, build_pipeline, select_algorithm
     from polyrl.rewards.sandbox import ProgramResult, SandboxLimits, run_program
+    from polyrl.rewards.scorers import default_compute_score
     from polyrl.rollout_config import (
         DTYPE_ALIASES,
         SEED_STRIDE,
@@ -279,6 +289,7 @@ __all__ = [
     "AlgorithmSpec",
     "AssistantTurn",
     "Batch",
+    "ChatTokens",
     "Checker",
     "ConfigError",
     "DataError",
@@ -299,6 +310,7 @@ __all__ = [
     "MicroBatchValueLossFn",
     "MiniBatchPlan",
     "ModelHead",
+    "MultiTurnRollout",
     "Observation",
     "OptimConfig",
     "PluginKind",
@@ -350,6 +362,7 @@ __all__ = [
     "checkpoint_manifest",
     "clip_ratios",
     "clipped_surrogate",
+    "default_compute_score",
     "derive_seed",
     "engine_kwargs_problem",
     "following",
@@ -358,6 +371,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "is_positive_int",
+    "load_config",
     "load_plain",
     "load_step_state",
     "looks_local",
@@ -376,6 +390,7 @@ __all__ = [
     "pool_of",
     "position_ids_for",
     "read_parquet",
+    "resolve_data_files",
     "resolve_model_path",
     "resumable_run_id",
     "role_world",

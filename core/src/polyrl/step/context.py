@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
-    from polyrl.interfaces import RewardProvider
+    from polyrl.interfaces import RewardProvider, SamplingParams
     from polyrl.workers.dispatch import Dispatch
 
 
@@ -37,10 +37,14 @@ class StepContext:
     ``count`` prompts (default ``data.train_batch_size``) from the training data, beyond the
     batch each step starts with (a stage that filters groups and samples again, as DAPO's
     dynamic sampling does with ``data.gen_batch_size`` prompts per round); the draws are part of
-    the loader's state, so a resumed run draws the same prompts."""
+    the loader's state, so a resumed run draws the same prompts. ``episodes(prompts, params)``
+    is the multi-turn ``gen`` stage's episode runner when the run has one
+    (``multi_turn.enable``; ``(trajectory batch, multi_turn/* metrics)``), so that validation
+    plays the run's environment; None otherwise."""
 
     cfg: Any
     workers: RoleCalls
     tokenizer: Any
     reward: RewardProvider
     next_prompts: Callable[..., Batch]
+    episodes: Callable[[Batch, SamplingParams], tuple[Batch, dict[str, float]]] | None = None

@@ -78,10 +78,18 @@ class EpisodeGenerateStage(Stage):
         return self._rollout
 
     def run(self, state: StepState, ctx: StepContext) -> None:
-        state.batch, metrics = run_episodes(
-            ctx, self.rollout(ctx), state.batch, training_sampling_params(ctx.cfg, state.step)
+        state.batch, metrics = self.episodes(
+            ctx, state.batch, training_sampling_params(ctx.cfg, state.step)
         )
         state.metrics.update(metrics)
+
+    def episodes(
+        self, ctx: StepContext, prompts: Batch, params: SamplingParams
+    ) -> tuple[Batch, dict[str, float]]:
+        """``params.n`` episodes of each prompt row with this run's environment: the training
+        step's, and the validation's (a tool task is validated by playing it, not by one turn
+        without its tools)."""
+        return run_episodes(ctx, self.rollout(ctx), prompts, params)
 
     def finish(self) -> None:
         """The run is over: the environment releases what it holds."""
@@ -202,30 +210,43 @@ class EpisodeRewardStage(Stage):
     provides = (names.TOKEN_LEVEL_SCORES, names.TOKEN_LEVEL_REWARDS)
 
     def run(self, state: StepState, ctx: StepContext) -> None:
-        import torch
-
         batch = state.batch
-        rewards = list(batch[names.EPISODE_REWARD])
-        unscored = [i for i, r in enumerate(rewards) if r is None]
-        if unscored:
-            results = ctx.reward.score(
-                [
-                    RewardSample(
-                        index=i,
-                        data_source=str(batch[names.DATA_SOURCE][i]),
-                        solution_str=str(batch[names.LAST_TURN_TEXT][i]),
-                        ground_truth=batch[names.GROUND_TRUTH][i],
-                        extra_info=dict(batch[names.EXTRA_INFO][i] or {}),
-                    )
-                    for i in unscored
-                ]
-            )
-            for i, result in zip(unscored, results):
-                rewards[i] = result.score
-            state.metrics["reward/errors"] = float(sum(r.error is not None for r in results))
-        scores = batch[names.TURN_SCORES].clone()
-        last = last_assistant_positions(batch[names.RESPONSE_MASK])
-        rows = torch.nonzero(last >= 0).flatten()
-        scores[rows, last[rows]] += torch.tensor([float(rewards[i]) for i in rows.tolist()])
+        scores, metrics = episode_scores(ctx, batch)
         batch[names.TOKEN_LEVEL_SCORES] = scores
         batch[names.TOKEN_LEVEL_REWARDS] = scores.clone()
+        state.metrics.update(metrics)
+
+
+def episode_scores(
+    ctx: StepContext, batch: Batch, turn_rewards: bool = True
+) -> tuple[Any, dict[str, float]]:
+    """Each episode's reward on its last assistant token (the reward provider scores
+    ``last_turn_text`` where the environment gave none) plus, with ``turn_rewards``, the
+    environment's per-turn rewards, as ``[rows, response width]`` scores; and ``reward/errors``
+    when the provider scored some."""
+    import torch
+
+    metrics: dict[str, float] = {}
+    rewards = list(batch[names.EPISODE_REWARD])
+    unscored = [i for i, r in enumerate(rewards) if r is None]
+    if unscored:
+        results = ctx.reward.score(
+            [
+                RewardSample(
+                    index=i,
+                    data_source=str(batch[names.DATA_SOURCE][i]),
+                    solution_str=str(batch[names.LAST_TURN_TEXT][i]),
+                    ground_truth=batch[names.GROUND_TRUTH][i],
+                    extra_info=dict(batch[names.EXTRA_INFO][i] or {}),
+                )
+                for i in unscored
+            ]
+        )
+        for i, result in zip(unscored, results):
+            rewards[i] = result.score
+        metrics["reward/errors"] = float(sum(r.error is not None for r in results))
+    scores = batch[names.TURN_SCORES].clone() if turn_rewards else batch[names.TURN_SCORES] * 0
+    last = last_assistant_positions(batch[names.RESPONSE_MASK])
+    rows = torch.nonzero(last >= 0).flatten()
+    scores[rows, last[rows]] += torch.tensor([float(rewards[i]) for i in rows.tolist()])
+    return scores, metrics

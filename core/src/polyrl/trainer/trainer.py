@@ -44,6 +44,7 @@ from polyrl.plan import RunPlan, assemble
 from polyrl.run_log import use_run_folder
 from polyrl.specs import resolve_object
 from polyrl.step.context import StepContext
+from polyrl.step.multi_turn import EpisodeGenerateStage, episode_scores
 from polyrl.step.schedule import make_schedule
 from polyrl.step.stages import generate, score_responses
 from polyrl.trainer.metrics import step_batch_metrics, timing_and_throughput
@@ -110,7 +111,9 @@ def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
 
 
 def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationResult:
-    """Greedy (per ``rollout.val_kwargs``) generation on the val set, mean reward per source;
+    """Greedy (per ``rollout.val_kwargs``) generation on the val set (multi-turn runs play
+    their episodes, :attr:`StepContext.episodes`, and log their ``multi_turn/*`` metrics under
+    ``val-aux/``), mean reward per source;
     with ``trainer.log_val_generations=N``, N of the samples to log
     (:mod:`polyrl.trainer.val_generations` picks them)."""
     from polyrl.data.dataset import collate
@@ -130,20 +133,32 @@ def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationRe
     scores: dict[str, list[float]] = {}
     lengths: list[float] = []
     rows: list[dict[str, Any]] = []
+    episode_metrics: dict[str, list[float]] = {}  # multi_turn/* of each chunk's episodes
     for start in range(0, len(val_set), size):
         items = [val_set[i] for i in range(start, min(start + size, len(val_set)))]
         prompts = collate(items, ctx.tokenizer.pad_token_id)
-        padded = pad_rows_to_multiple(prompts, ctx.workers.dp_size("rollout"))
-        out = generate(ctx, padded, params).slice(0, len(prompts) * params.n)
-        token_scores, _ = score_responses(ctx, out)
+        if ctx.episodes is not None:  # multi-turn: the episodes, tools and environment included
+            out, played = ctx.episodes(prompts, params)
+            for name, value in played.items():
+                episode_metrics.setdefault(f"val-aux/{name}", []).append(value)
+            # the outcome: per-turn rewards shape training, the figure is the task's
+            token_scores, _ = episode_scores(ctx, out, turn_rewards=False)
+        else:
+            padded = pad_rows_to_multiple(prompts, ctx.workers.dp_size("rollout"))
+            out = generate(ctx, padded, params).slice(0, len(prompts) * params.n)
+            token_scores, _ = score_responses(ctx, out)
         sample_scores = token_scores.sum(-1).tolist()
         for source, score in zip(out["data_source"], sample_scores):
             scores.setdefault(str(source), []).append(score)
         response_lengths = out["response_mask"].sum(-1).long().tolist()
         lengths += [float(n) for n in response_lengths]
         if shown:
+            written = response_lengths
+            if ctx.episodes is not None:  # the whole episode, its observations included
+                width = out["responses"].shape[1]
+                written = out["attention_mask"][:, -width:].sum(-1).long().tolist()
             outputs = ctx.tokenizer.batch_decode(
-                [row[:n] for row, n in zip(out["responses"].tolist(), response_lengths)],
+                [row[:n] for row, n in zip(out["responses"].tolist(), written)],
                 skip_special_tokens=True,
             )
             prompt_texts = [str(text) for text in out["raw_prompt"]]
@@ -153,6 +168,7 @@ def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationRe
         for source, values in scores.items()
     }
     metrics["val-aux/response_length/mean"] = float(np.mean(lengths))
+    metrics.update({name: float(np.mean(values)) for name, values in episode_metrics.items()})
     return ValidationResult(metrics, pick_generations(rows, shown, int(ctx.cfg.trainer.seed)))
 
 
@@ -264,6 +280,10 @@ class RLTrainer:
             reward=self.reward,
             next_prompts=self.loader.next_batch,
         )
+        gen = next((s for s in self.pipeline.stages if isinstance(s, EpisodeGenerateStage)), None)
+        if gen is not None:
+            context = self.context
+            context.episodes = lambda prompts, params: gen.episodes(context, prompts, params)
 
     def _eos_token_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}

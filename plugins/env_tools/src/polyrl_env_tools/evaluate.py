@@ -1,10 +1,9 @@
 """Multi-turn validation of a model on a run config's val split: greedy episodes with the run's
 environment, scored by the data's scorer.
 
-The trainer's validation (``trainer.test_freq``) generates one turn from the dataset's prompt,
-which for a tool environment is not the task (no system prompt, no prefill, no tool). This runs
-the same multi-turn rollout as training (:class:`polyrl.envs.rollout.MultiTurnRollout`, the
-config's environment and ``multi_turn`` keys), greedily, in this process with transformers::
+A saved model, outside a run: the same multi-turn rollout as training and as the trainer's
+validation (:class:`polyrl.envs.rollout.MultiTurnRollout`, the config's environment and
+``multi_turn`` keys), greedily, in this process with transformers::
 
     python -m polyrl_env_tools.evaluate recipe=calc_smollm2                 # the recipe's model
     python -m polyrl_env_tools.evaluate --model <run dir>/hf_model recipe=calc_smollm2
@@ -26,7 +25,7 @@ def val_rows(cfg: Any) -> list[dict[str, Any]]:
     """The rows of ``data.val_files`` as an environment's episode gets them."""
     import pyarrow.parquet as pq
 
-    from polyrl.data.sources import resolve_data_files
+    from polyrl.api import resolve_data_files
 
     rows = []
     for path in resolve_data_files(cfg.data.val_files, "val"):
@@ -47,7 +46,7 @@ def hf_generate(model: Any, pad_token_id: int, eos_token_id: int) -> Any:
     """A :data:`polyrl.envs.rollout.GenerateFn` sampling with ``model.generate``."""
     import torch
 
-    from polyrl.batch import Batch
+    from polyrl.api import Batch
 
     def generate(batch: Batch, params: Any) -> Batch:
         ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -78,13 +77,15 @@ def evaluate(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from polyrl.envs.chat import ChatTokens
-    from polyrl.envs.episode import EnvironmentContext
-    from polyrl.envs.rollout import MultiTurnRollout
-    from polyrl.interfaces import SamplingParams
-    from polyrl.models.resolve import resolve_model_path
-    from polyrl.plan import assemble
-    from polyrl.rewards.scorers import default_compute_score
+    from polyrl.api import (
+        ChatTokens,
+        EnvironmentContext,
+        MultiTurnRollout,
+        SamplingParams,
+        assemble,
+        default_compute_score,
+        resolve_model_path,
+    )
 
     model_cfg = cfg.actor_rollout_ref.model
     tokenizer_source = model_cfg.tokenizer_path or model_cfg.path
@@ -135,7 +136,7 @@ def evaluate(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from polyrl.config.loader import load_config
+    from polyrl.api import load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model folder (default: the config's model path)")

@@ -8,7 +8,11 @@ that otherwise looks healthy.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from polyrl.api import ConfigError
@@ -25,12 +29,31 @@ def load_env(name: str, args: Mapping[str, Any]) -> Any:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"cannot import {name} ({exc}); write it as module:function") from exc
-        env = factory(**args)
     else:
-        env = vf.load_environment(name, **args)
+        factory = partial(vf.load_environment, name)
+    with stop_handlers_kept():
+        env = factory(**args)
     if not isinstance(env, vf.Environment):
         raise ConfigError(f"{name} returned {type(env).__name__}, not a verifiers Environment")
     return env
+
+
+@contextmanager
+def stop_handlers_kept() -> Iterator[None]:
+    """The process's SIGINT and SIGTERM handlers as they were before the block. A verifiers
+    ``Environment`` installs its own when it is built (its teardown, then exit 143 on SIGTERM):
+    in polyrl's driver they would replace the stop handling that finishes the step, keeps the
+    checkpoint and exits with the run's status. Its teardown still runs at exit (verifiers
+    registers it with ``atexit`` too)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers, so none can be changed here
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
 
 
 def env_problems(env: Any, rows: str) -> list[str]:
