@@ -12,18 +12,20 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from polyrl.batch import Batch
-from polyrl.config.loader import load_config
+from polyrl.api import (
+    Batch,
+    ChatTokens,
+    EnvironmentContext,
+    MultiTurnRollout,
+    SamplingParams,
+    assemble,
+    default_compute_score,
+    load_config,
+)
 from polyrl.config.validate import validate_config
 from polyrl.data.generate import reasoning_gym_rows
 from polyrl.data.sources import parse_builtin
-from polyrl.envs.chat import ChatTokens
-from polyrl.envs.episode import EnvironmentContext
-from polyrl.envs.rollout import MultiTurnRollout
-from polyrl.interfaces import SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
-from polyrl.plan import assemble
-from polyrl.rewards.scorers import default_compute_score
 from polyrl_env_tools.calculator import CalculatorEnvironment
 from polyrl_env_tools.evaluate import hf_generate
 
