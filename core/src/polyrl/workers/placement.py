@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from polyrl.config.checks.checker import is_positive_int
+from polyrl.config.checks.checker import get, is_positive_int
 from polyrl.config.checks.placement import (
     GLOBAL_POOL,
     IN_PROCESS,
@@ -279,7 +279,7 @@ def start_role_workers(
         "total_training_steps": int(total_training_steps),
         "tokens": dict(tokens),
     }
-    if str(cfg.trainer.get("worker_backend", "ray")) == IN_PROCESS:
+    if get(cfg, "trainer.worker_backend") == IN_PROCESS:
         problems = in_process_problems(cfg, tuple(roles))
         if problems:
             raise ConfigError("; ".join(problems))
