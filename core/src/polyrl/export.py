@@ -217,8 +217,12 @@ def export_checkpoint(path: str, out: str | None = None, mode: str | None = None
 def _tokenizer(source: str, model_cfg: Any) -> Any:
     from transformers import AutoTokenizer
 
+    from polyrl.data.chat_template import use_custom_template
+
     trust = bool(model_cfg.trust_remote_code)
-    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    # The exported folder renders chats as the run did.
+    return use_custom_template(tokenizer, model_cfg.get("custom_chat_template"))
 
 
 def _write(model: Any, folder: str, mode: str, dtype: str, tokenizer: Any) -> None:

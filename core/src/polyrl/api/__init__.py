@@ -168,6 +168,7 @@ _LAZY: dict[str, str] = {
     "read_parquet": "polyrl.data.dataset:read_parquet",
     "PromptLoader": "polyrl.data.loader:PromptLoader",
     "settle_unteachable": "polyrl.data.unteachable:settle_unteachable",
+    "template_kwargs": "polyrl.data.chat_template:template_kwargs",
     "TrainingData": "polyrl.data.training:TrainingData",
     "training_data_from_files": "polyrl.data.training:training_data_from_files",
     # rollout engines: settings, the response layout, weight sync
@@ -211,6 +212,7 @@ if TYPE_CHECKING:
     from polyrl.config.nodes import schema_node
     from polyrl.config.schema import OptimConfig
     from polyrl.config.sections import following, schema_config
+    from polyrl.data.chat_template import template_kwargs
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.sources import resolve_data_files
@@ -406,6 +408,7 @@ __all__ = [
     "stored_run_id",
     "strip_left_padding",
     "target_modules",
+    "template_kwargs",
     "tensor_parallel_mesh",
     "tis_enabled",
     "to_float_metrics",

@@ -77,6 +77,9 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 1
     apply_chat_template: bool = True
+    # verl's extra keyword arguments of tokenizer.apply_chat_template when prompts are rendered
+    # (read by the template: {enable_thinking: false}, {reasoning_effort: medium})
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Rows that cannot teach (a preference pair with identical or empty responses, a prompt whose
     # data_source has no scorer) are dropped with a count up to this share of a file's rows;
     # above it the run refuses to start (polyrl.data.unteachable).
@@ -87,6 +90,9 @@ class DataConfig:
 class ModelConfig:
     path: str = MISSING  # local HF folder, hub id, or .gguf file
     tokenizer_path: Any = None
+    # verl's custom_chat_template: a Jinja chat template that replaces the tokenizer's own
+    # wherever the policy's tokenizer renders chats (polyrl.data.chat_template); null: its own
+    custom_chat_template: Any = None
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
     # FSDP, DeepSpeed and Megatron engines: each micro-batch packed into one row of real tokens

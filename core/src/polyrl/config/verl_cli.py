@@ -11,6 +11,7 @@ Hydra's own and is skipped.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,5 +82,12 @@ def _override_value(value: Any) -> str:
         return "[" + ",".join(_override_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{_override_value(v)}" for k, v in value.items()) + "}"
-    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{text}'"
+    return f"'{_quoted(str(value))}'"
+
+
+def _quoted(text: str) -> str:
+    """``text`` for a single-quoted Hydra string: Hydra reads a backslash as an escape only in a
+    run of them before a quote (the closing one included), so only those runs are doubled and
+    each quote escaped; any other backslash (a Jinja chat template's ``'\\n'``) stays as is."""
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    return re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)

@@ -194,7 +194,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "actor_rollout_ref.model.exclude_modules": Refused(
         "LoRA module exclusions", "actor_rollout_ref.model.target_modules"
     ),
-    "*.model.custom_chat_template": Refused("a custom chat template", "the tokenizer's template"),
     "*.model.external_lib": Refused("importing a module to register models", "remove it"),
     "*.model.hf_config_path": Refused("a separate model config folder", "remove it"),
     "*.model.enable_activation_offload": Refused(
@@ -297,7 +296,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "data.custom_cls.*": Refused("a custom dataset class", "a parquet file or builtin: source"),
     "data.datagen.*": Refused("a data generator", "a parquet file or builtin: source"),
     "data.sampler.*": Refused("a custom sampler (curriculum)", "data.shuffle"),
-    "data.apply_chat_template_kwargs*": Refused("chat template arguments", "remove them"),
     "data.tokenizer": Refused(
         "a separate data tokenizer", "actor_rollout_ref.model.tokenizer_path"
     ),

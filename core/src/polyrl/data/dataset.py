@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.config.schema import DataConfig
+from polyrl.data.chat_template import template_kwargs
 from polyrl.data.unteachable import settle_unteachable
 from polyrl.errors import DataError
 
@@ -73,7 +74,8 @@ class RLDataset:
     ``data_cfg`` is the ``data`` config node (or any object/dict with its keys):
     ``prompt_key``, ``reward_fn_key`` (the column naming the scorer, default ``data_source``),
     ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``
-    (``error`` | ``left`` | ``right``), ``apply_chat_template`` and ``max_unteachable_share``.
+    (``error`` | ``left`` | ``right``), ``apply_chat_template`` (with
+    ``apply_chat_template_kwargs`` passed to the template) and ``max_unteachable_share``.
 
     With ``has_scorer`` (see :func:`polyrl.data.unteachable.scorer_check`), rows whose
     ``data_source`` it rejects cannot teach: they are dropped with a count, or refused above
@@ -99,6 +101,7 @@ class RLDataset:
         self.filter_overlong = bool(_cfg(data_cfg, "filter_overlong_prompts", True))
         self.truncation = str(_cfg(data_cfg, "truncation", "error"))
         self.apply_chat_template = bool(_cfg(data_cfg, "apply_chat_template", True))
+        self.template_kwargs = template_kwargs(data_cfg)
         max_share = float(_cfg(data_cfg, "max_unteachable_share", DataConfig.max_unteachable_share))
         self.has_scorer = has_scorer
         self.unteachable: Counter[str] = Counter()
@@ -270,7 +273,7 @@ class RLDataset:
     def _render(self, messages: list[dict[str, str]]) -> str:
         if self.apply_chat_template:
             return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages, add_generation_prompt=True, tokenize=False, **self.template_kwargs
             )
         return "\n".join(m["content"] for m in messages)
 

@@ -198,6 +198,7 @@ class RLTrainer:
     def _build(self, cfg: DictConfig) -> None:
         from transformers import AutoTokenizer
 
+        from polyrl.data.chat_template import use_custom_template
         from polyrl.models.resolve import resolve_model_path
 
         plan = self.plan
@@ -205,6 +206,7 @@ class RLTrainer:
         self.model_path = resolve_model_path(str(model_cfg.path))
         tokenizer_path = resolve_model_path(str(model_cfg.tokenizer_path or model_cfg.path))
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        use_custom_template(self.tokenizer, model_cfg.custom_chat_template)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 

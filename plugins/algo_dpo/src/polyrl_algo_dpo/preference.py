@@ -36,6 +36,7 @@ from polyrl.api import (
     PromptLoader,
     read_parquet,
     settle_unteachable,
+    template_kwargs,
 )
 
 #: The response columns of a preference file, in a pair's row order (chosen first).
@@ -147,6 +148,7 @@ class PreferenceDataset:
         self.filter_overlong = bool(data_cfg.filter_overlong_prompts)
         self.truncation = str(data_cfg.truncation)
         self.apply_chat_template = bool(data_cfg.apply_chat_template)
+        self.template_kwargs = template_kwargs(data_cfg)
         max_share = float(data_cfg.max_unteachable_share)
         if self.truncation not in TRUNCATION_MODES:
             raise DataError(
@@ -231,7 +233,7 @@ class PreferenceDataset:
                 "data.apply_chat_template=false"
             )
         text = self.tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=False
+            prompt, add_generation_prompt=True, tokenize=False, **self.template_kwargs
         )
         # The rendered template already holds the model's special tokens (BOS ...).
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -21,6 +21,12 @@ DATA_FILE_KEYS = ("data.train_files", "data.val_files")
 
 
 def check_data(checker: Checker) -> None:
+    from polyrl.data.chat_template import KWARGS_KEY, kwargs_problem
+
+    kwargs = checker.get(KWARGS_KEY)
+    problem = kwargs_problem(None if kwargs is MISSING else kwargs)
+    if problem:
+        checker.add(problem)
     prompt_key = checker.get("data.prompt_key")
     source_key = checker.get("data.reward_fn_key")
     columns = [c for c in (source_key, prompt_key) if isinstance(c, str)]

@@ -19,6 +19,12 @@ def looks_local(path: str) -> bool:
 
 
 def check_model(checker: Checker) -> None:
+    from polyrl.data.chat_template import TEMPLATE_KEY, template_problem
+
+    value = checker.get(TEMPLATE_KEY)
+    template = template_problem(None if value is MISSING else value)
+    if template:
+        checker.add(template)
     key = "actor_rollout_ref.model.path"
     path = checker.get(key)
     if path is MISSING or path is None or path == "":
