@@ -43,11 +43,15 @@ def test_config_check_is_registered_and_light():
 
 def test_config_check_fsdp_rules():
     assert _check() == []
-    (line,) = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=2")
-    assert line.startswith("actor_rollout_ref.actor.fsdp_config.fsdp_size=2 asks for hybrid")
+    # hybrid sharding: a divisor of the world is accepted, another size is one line
+    assert (
+        _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=2") == []
+    )
+    (line,) = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3")
+    assert line.startswith("actor_rollout_ref.actor.fsdp_config.fsdp_size=3 does not divide")
     assert "(world size 4 = trainer.nnodes 1 x trainer.n_gpus_per_node 4)" in line
     # the ref follows the actor's FSDP settings unless set: one line per node
-    found = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=2")
+    found = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=3")
     assert [p.split("=")[0] for p in found] == ["actor_rollout_ref.ref.fsdp_config.fsdp_size"]
     (line,) = _check("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
     assert "param_offload=False and .optimizer_offload=True" in line

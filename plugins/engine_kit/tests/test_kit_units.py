@@ -102,9 +102,10 @@ def test_bad_settings_name_the_key(model, engine, key):
         _settings(model, engine, 4)
 
 
-def test_hybrid_sharding_is_refused_and_offload_keys_combine():
-    with pytest.raises(ConfigError, match="fsdp_size=2"):
-        _settings(engine={"fsdp_config": {"fsdp_size": 2}}, world_size=4)
+def test_hybrid_sharding_needs_a_divisor_and_offload_keys_combine():
+    with pytest.raises(ConfigError, match="fsdp_size=3 does not divide the 4 ranks"):
+        _settings(engine={"fsdp_config": {"fsdp_size": 3}}, world_size=4)
+    assert _settings(engine={"fsdp_config": {"fsdp_size": 2}}, world_size=4).fsdp_size == 2
     assert _settings(engine={"fsdp_config": {"fsdp_size": 4}}, world_size=4)
     s = _settings(engine={"fsdp_config": {"optimizer_offload": True}}, world_size=4)
     assert s.param_offload

@@ -27,7 +27,9 @@ class FSDPSettings:
     """How FSDP2 shards one role's model.
 
     ``mixed_precision``: fp32 master weights, bf16 compute. ``fsdp_size`` > 0 and below the
-    world size asks for hybrid sharding (refused by the engine's checks). ``accumulate_unsharded``:
+    world size asks for hybrid sharding (HSDP): parameters sharded within groups of that many
+    ranks and replicated across the groups; it must divide the role's ranks.
+    ``accumulate_unsharded``:
     within one optimizer step keep each layer's full weights gathered and its gradients unsharded
     in fp32, reduce-scattered once after the last micro-batch instead of after each; true /
     false, or auto: on CUDA when the full bf16 weights and fp32 gradients take at most a tenth

@@ -97,14 +97,17 @@ def optim_problems(optim: Any, prefix: str, *, core_checked: bool = False) -> li
 def fsdp_size_problem(
     fsdp: Any, prefix: str, world_size: int | None, where: str | None = None
 ) -> str | None:
+    """verl's ``fsdp_size``: -1 (or 0, or the world size) shards over all ranks; a size between
+    shards within groups of that many ranks and replicates across the groups (hybrid sharding,
+    HSDP), so it must divide the role's ranks."""
     size = int(fsdp.fsdp_size)
-    if size <= 0 or world_size is None or size == world_size:
+    if size <= 0 or world_size is None or (size <= world_size and world_size % size == 0):
         return None
     detail = f" ({where})" if where else ""
     return (
-        f"{prefix}.fsdp_config.fsdp_size={size} asks for hybrid sharding (HSDP), which "
-        f"the FSDP engine does not implement; leave it at -1 to shard over all "
-        f"{world_size} ranks{detail}"
+        f"{prefix}.fsdp_config.fsdp_size={size} does not divide the {world_size} ranks{detail}: "
+        f"hybrid sharding shards within groups of fsdp_size ranks; use a divisor of "
+        f"{world_size}, or -1 to shard over all of them"
     )
 
 

@@ -104,6 +104,9 @@ class EngineSettings:
     log_prob_max_token_len: int
     optim: OptimSettings
     lora: LoraSettings | None = None  # None: full fine-tuning
+    # FSDP's shard group size (verl's fsdp_size): <= 0 or the world shards over all ranks, a
+    # divisor of the world below it gives hybrid sharding (modeling.shard_model)
+    fsdp_size: int = -1
 
 
 def _split_runtime_keys(engine: Any) -> tuple[Any, int | None]:
@@ -189,4 +192,5 @@ def resolve_settings(
             total_steps=total_steps,
         ),
         lora=lora_settings(model),
+        fsdp_size=int(fsdp.fsdp_size),
     )
