@@ -15,6 +15,13 @@ response into turns (re-reading the context each turn, the observations, the env
 Random weights rarely stop early, so every turn runs to its cap and both sides generate the same
 count. Each figure is the median of ``--runs`` timed runs after ``--warmup`` untimed ones.
 
+Where the time goes: one more run of each side after the timed ones (``--profile``, on by
+default), with the engine waiting for the device around its prefills and graph captures, prints
+per ``generate`` call (a turn) the rows, the context width, the tokens prefilled (padding
+included) and those the prefix cache reused, and the seconds of prefill, graph capture, decode
+(the rest of the call) and host (from the call's end to the next call: the environment, the
+tokenizer, building the next turn's prompts).
+
 Usage::
 
     python benchmarks/bench_multi_turn.py --model tiny --episodes 16 --threads 2       # CPU
@@ -63,6 +70,76 @@ class FixedTurnsEpisode(Episode):
         return Observation([{"role": "user", "content": self.text}])
 
 
+class TimedGenerate:
+    """The engine's ``generate``, each call's span and the engine's own counters recorded."""
+
+    def __init__(self, engine: Any, sync: Any) -> None:
+        self.engine, self.sync = engine, sync
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, batch: Any, params: Any) -> Any:
+        stats = getattr(self.engine, "stats", {})  # an engine from before the counters: none
+        before = dict(stats)
+        self.sync()
+        start = time.perf_counter()
+        out = self.engine.generate(batch, params)
+        self.sync()
+        end = time.perf_counter()
+        spent = {key: value - before.get(key, 0) for key, value in stats.items()}
+        self.calls.append(
+            {
+                "rows": int(batch["input_ids"].shape[0]),
+                "width": int(batch["attention_mask"].sum(1).max()),
+                "new_tokens": int(out["response_mask"].sum()),
+                "start": start,
+                "end": end,
+                **spent,
+            }
+        )
+        return out
+
+    def breakdown(self, finished: float) -> list[dict[str, Any]]:
+        """One row per call: its phases' seconds, host time up to the next call (or the end)."""
+        turns = []
+        for index, call in enumerate(self.calls):
+            following = self.calls[index + 1]["start"] if index + 1 < len(self.calls) else finished
+            generate_s = call["end"] - call["start"]
+            prefill_s, capture_s = call.get("prefill_s", 0.0), call.get("capture_s", 0.0)
+            turns.append(
+                {
+                    "turn": index,
+                    "rows": call["rows"],
+                    "context": call["width"],
+                    "new_tokens": call["new_tokens"],
+                    "prefilled_tokens": int(call.get("prefill_tokens", 0)),
+                    "reused_tokens": int(call.get("prefix_tokens_reused", 0)),
+                    "generate_s": generate_s,
+                    "prefill_s": prefill_s,
+                    "capture_s": capture_s,
+                    "decode_s": generate_s - prefill_s - capture_s,
+                    "host_s": following - call["end"],
+                }
+            )
+        return turns
+
+
+def print_breakdown(label: str, turns: list[dict[str, Any]]) -> None:
+    print(f"{label}: per generate call (a profiled run: the engine waits for the device)")
+    print(
+        f"{'turn':>5}{'rows':>6}{'context':>9}{'new tok':>9}{'prefilled':>11}{'reused':>9}"
+        f"{'prefill s':>11}{'capture s':>11}{'decode s':>10}{'host s':>9}"
+    )
+    for t in turns:
+        print(
+            f"{t['turn']:>5}{t['rows']:>6}{t['context']:>9}{t['new_tokens']:>9}"
+            f"{t['prefilled_tokens']:>11}{t['reused_tokens']:>9}{t['prefill_s']:>11.3f}"
+            f"{t['capture_s']:>11.3f}{t['decode_s']:>10.3f}{t['host_s']:>9.3f}"
+        )
+    total = {key: sum(t[key] for t in turns) for key in ("prefill_s", "capture_s", "decode_s")}
+    total["host_s"] = sum(t["host_s"] for t in turns)
+    print("  total: " + ", ".join(f"{key} {value:.3f}" for key, value in total.items()))
+
+
 class FixedTurnsEnvironment(Environment):
     def __init__(self, turns: int, words: int) -> None:
         self.turns, self.words = turns, words
@@ -83,6 +160,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--micro-batch-size", type=int, default=256)
     parser.add_argument("--static-cache", default="auto", help="the hf engine's static_cache")
+    parser.add_argument("--prefix-cache", default="auto", help="the hf engine's prefix_cache")
+    parser.add_argument(
+        "--no-profile", dest="profile", action="store_false", help="skip the breakdown run"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0)
@@ -113,7 +194,9 @@ def main() -> None:
             config={
                 "dtype": dtype,
                 "micro_batch_size": args.micro_batch_size,
-                "engine_kwargs": {"hf": {"static_cache": args.static_cache}},
+                "engine_kwargs": {
+                    "hf": {"static_cache": args.static_cache, "prefix_cache": args.prefix_cache}
+                },
             },
             device=args.device,
             rank=0,
@@ -145,24 +228,31 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
+    generate = TimedGenerate(engine, sync)
+
     def single() -> int:
         params = SamplingParams(n=1, max_new_tokens=total, temperature=1.0, seed=0)
-        return int(engine.generate(prompts, params)["response_mask"].sum())
+        return int(generate(prompts, params)["response_mask"].sum())
 
     def multi() -> int:
         params = SamplingParams(n=1, max_new_tokens=total, temperature=1.0, seed=0)
-        trajectories, _ = rollout.run(rows, prompt_ids, engine.generate, params)
+        trajectories, _ = rollout.run(rows, prompt_ids, generate, params)
         return sum(sum(t.assistant) for t in trajectories)
 
-    results = {}
+    results: dict[str, Any] = {}
     for label, fn in (("single", single), ("multi", multi)):
         times, tokens = [], 0
-        for run in range(args.warmup + args.runs):
+        for run in range(args.warmup + args.runs + int(args.profile)):
+            profiled = run == args.warmup + args.runs
+            engine.timing_sync = profiled
+            generate.calls.clear()
             sync()
             start = time.perf_counter()
             tokens = fn()
             sync()
-            if run >= args.warmup:
+            if profiled:
+                results[f"{label}_turns"] = generate.breakdown(time.perf_counter())
+            elif run >= args.warmup:
                 times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
         results[label] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
@@ -174,13 +264,17 @@ def main() -> None:
         f"{args.observation_words} words, prompt {args.prompt_len} tokens"
     )
     print(f"{'side':8}{'tokens':>10}{'median s':>11}{'tokens/s':>12}{'episodes/s':>12}")
-    for label, row in results.items():
+    for label in ("single", "multi"):
+        row = results[label]
         episodes = f"{row['episodes_per_s']:12.2f}" if "episodes_per_s" in row else " " * 12
         print(
             f"{label:8}{row['tokens']:>10}{row['seconds']:>11.3f}{row['tokens_per_s']:>12.0f}"
             f"{episodes}"
         )
     print(f"ratio multi/single tokens/s: {ratio:.2f}")
+    for label in ("single", "multi"):
+        if f"{label}_turns" in results:
+            print_breakdown(label, results[f"{label}_turns"])
     if args.out:
         Path(args.out).write_text(
             json.dumps({"args": vars(args), "results": results, "ratio": ratio})

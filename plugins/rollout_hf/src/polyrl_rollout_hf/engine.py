@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,6 +36,7 @@ from polyrl.api import (
 from polyrl_rollout_hf.compile_cache import use_compile_cache
 from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
 from polyrl_rollout_hf.fused_step import unsupported_reason as fused_unsupported_reason
+from polyrl_rollout_hf.prefix_cache import Block, Hit, PrefixCache
 from polyrl_rollout_hf.sampling import pick_tokens
 from polyrl_rollout_hf.static_decode import (
     MIN_LENGTH_BUCKET,
@@ -43,6 +46,7 @@ from polyrl_rollout_hf.static_decode import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -116,8 +120,16 @@ class HFRolloutEngine(RolloutEngine):
     otherwise, and ``true`` refuses a model it cannot run; ``false``: transformers' forward) and
     ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
     ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
-    ``auto`` on CPU: eager).
+    ``auto`` on CPU: eager). ``prefix_cache`` (``auto``/``true``: keep the last call's prefill
+    KV so that a prompt extending one of its prompts, a multi-turn episode's next turn,
+    prefills only the new tokens, :mod:`polyrl_rollout_hf.prefix_cache`; ``false``: prefill
+    every prompt whole and keep nothing between calls).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
+
+    :attr:`stats` counts, over the engine's life, the seconds spent in ``generate``, in
+    prefills and in CUDA graph captures, the prefilled tokens (padding included) and the prompt
+    tokens a prefill reused; with :attr:`timing_sync` set the prefill and capture seconds wait
+    for the device (a benchmark's breakdown), otherwise they time the host only.
     """
 
     def __init__(self, ctx: RolloutContext) -> None:
@@ -164,6 +176,10 @@ class HFRolloutEngine(RolloutEngine):
         self.kv_budget_bytes = _budget_bytes(engine_option(config, "kv_cache_memory_bytes", None))
         self.gpu_memory_utilization = float(getattr(config, "gpu_memory_utilization", 0.5))
         self._slots_by_length: dict[int, int] = {}
+        prefix = _tri_state("prefix_cache", engine_option(config, "prefix_cache", "auto"))
+        self.prefix_cache: PrefixCache | None = None if prefix is False else PrefixCache()
+        self.stats: Counter[str] = Counter()
+        self.timing_sync = False
         fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
         compiled = _tri_state("compile", engine_option(config, "compile", "auto"))
         # auto: the fused step wherever the model allows it; compiled on CUDA only, where it
@@ -198,6 +214,18 @@ class HFRolloutEngine(RolloutEngine):
     # ---- generation ---------------------------------------------------------------------------
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         _check_params(params)
+        began = time.perf_counter()
+        if self.prefix_cache is not None:
+            self.prefix_cache.begin_call()
+        try:
+            return self._generate(prompts, params)
+        finally:
+            if self.prefix_cache is not None:
+                self.prefix_cache.end_call()
+            self.stats["generate_s"] += time.perf_counter() - began
+            self.stats["generate_calls"] += 1
+
+    def _generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         input_ids = prompts["input_ids"]
         if "attention_mask" in prompts:
             prompt_mask = prompts["attention_mask"]
@@ -252,18 +280,37 @@ class HFRolloutEngine(RolloutEngine):
         )
         return out
 
+    def _sync(self) -> None:
+        if self.timing_sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> Prefill:
         """One forward pass over prompts ``ids``/``mask [P, Lp]`` into a DynamicCache, trimmed of
-        the columns that are left padding in every row (they cost compute and change nothing)."""
-        from transformers import DynamicCache
-
-        ids = ids.to(self.device)
-        mask = mask.to(self.device).long()
+        the columns that are left padding in every row (they cost compute and change nothing).
+        A prompt that starts with one the prefix cache kept prefills only the tokens after it."""
+        self._sync()
+        began = time.perf_counter()
         used = mask.any(dim=0).nonzero()
         first = int(used[0]) if used.numel() else 0
-        ids, mask = ids[:, first:], mask[:, first:]
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        ids, mask = ids[:, first:], mask[:, first:].long()
+        hits = self.prefix_cache.lookup(ids.cpu(), mask.cpu()) if self.prefix_cache else []
+        device_ids, device_mask = ids.to(self.device), mask.to(self.device)
+        if any(hits):
+            prefill = self._continue_prefill(device_ids, device_mask, hits)
+        else:
+            prefill = self._fresh_prefill(device_ids, device_mask)
+            self.stats["prefill_tokens"] += ids.numel()
+        if self.prefix_cache is not None:
+            layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
+            self.prefix_cache.store(ids.cpu(), mask.cpu(), Block(layers))
+        self._sync()
+        self.stats["prefill_s"] += time.perf_counter() - began
+        return prefill
+
+    def _forward_prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """The model over ``ids`` after what ``cache`` holds; the logits after the last column."""
         extra = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
         out = self.model(
             input_ids=ids,
@@ -273,7 +320,90 @@ class HFRolloutEngine(RolloutEngine):
             use_cache=True,
             **extra,
         )
-        return Prefill(cache, out.logits[:, -1, :], mask, positions[:, -1:])
+        return out.logits[:, -1, :]
+
+    def _fresh_prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> Prefill:
+        from transformers import DynamicCache
+
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward_prefill(ids, mask, positions, cache)
+        return Prefill(cache, logits, mask, positions[:, -1:])
+
+    def _continue_prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, hits: list[Hit | None]
+    ) -> Prefill:
+        """The prefill of prompts ``ids``/``mask [P, W]`` (on the device) where ``hits[i]``
+        holds the KV of prompt ``i``'s first tokens: the kept KV goes into the cache first
+        (right-aligned, ``past`` columns), the remaining tokens of each prompt (right-aligned,
+        ``suffix`` columns) run through the model after it, and the result is laid out as a
+        fresh prefill's: each prompt's tokens in the last columns of ``W``."""
+        from transformers import DynamicCache
+
+        rows, width = ids.shape
+        reused = torch.tensor([hit.length if hit else 0 for hit in hits])
+        lengths = mask.sum(dim=1).cpu()
+        past, suffix = int(reused.max()), int((lengths - reused).max())
+        reused_d, lengths_d = reused.to(self.device), lengths.to(self.device)
+        columns = torch.arange(past + suffix, device=self.device)
+        full_mask = torch.cat(
+            [
+                columns[:past] >= past - reused_d.unsqueeze(1),
+                columns[past:] >= past + suffix - (lengths_d - reused_d).unsqueeze(1),
+            ],
+            dim=1,
+        ).long()
+        positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        for index, kept in enumerate(self._kept_kv(hits, past, rows)):
+            cache.update(*kept, index)
+        logits = self._forward_prefill(
+            ids[:, width - suffix :], full_mask, positions[:, past:], cache
+        )
+        # column c of the fresh layout holds token j = c - (W - length) of its prompt: a kept
+        # one (j < reused) at past - reused + j, a new one at past + suffix - length + j
+        token = torch.arange(width, device=self.device) - (width - lengths_d.unsqueeze(1))
+        source = torch.where(
+            token < reused_d.unsqueeze(1),
+            past - reused_d.unsqueeze(1) + token,
+            past + suffix - lengths_d.unsqueeze(1) + token,
+        ).clamp(0, past + suffix - 1)
+        laid_out = DynamicCache(config=self.model.config)
+        for index, layer in enumerate(cache.layers):
+            kv_heads, head_dim = layer.keys.shape[1], layer.keys.shape[3]
+            gather = source[:, None, :, None].expand(rows, kv_heads, width, head_dim)
+            laid_out.update(layer.keys.gather(2, gather), layer.values.gather(2, gather), index)
+        self.stats["prefill_tokens"] += rows * suffix
+        self.stats["prefix_tokens_reused"] += int(reused.sum())
+        return Prefill(laid_out, logits, mask, (lengths_d - 1).unsqueeze(1))
+
+    def _kept_kv(
+        self, hits: list[Hit | None], past: int, rows: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the kept keys and values ``[rows, KV, past, D]``: each hit's KV in its
+        row's last columns (a kept block holds its prompts right-aligned too); zeros elsewhere,
+        which the mask hides."""
+        by_block: dict[int, tuple[Block, list[int], list[int]]] = {}
+        for row, hit in enumerate(hits):
+            if hit is not None:
+                by_block.setdefault(id(hit.block), (hit.block, [], []))
+                by_block[id(hit.block)][1].append(row)
+                by_block[id(hit.block)][2].append(hit.row)
+        layers = []
+        for index, (keys, _values) in enumerate(next(iter(by_block.values()))[0].layers):
+            shape = (rows, keys.shape[1], past, keys.shape[3])
+            kept = [keys.new_zeros(shape), keys.new_zeros(shape)]
+            for block, targets, sources in by_block.values():
+                to = torch.tensor(targets, device=self.device)
+                at = torch.tensor(sources, device=self.device)
+                for which in (0, 1):
+                    source = block.layers[index][which].index_select(0, at)
+                    if block.width >= past:
+                        kept[which][to] = source[:, :, block.width - past :]
+                    else:
+                        kept[which][to, :, past - block.width :] = source
+            layers.append((kept[0], kept[1]))
+        return layers
 
     @torch.inference_mode()
     def _sample(
@@ -296,7 +426,8 @@ class HFRolloutEngine(RolloutEngine):
         if max_new == 1:
             step_fn = None
         elif self.static_decode is not None:
-            decoder = self.static_decode.get(rows, prefill.mask.shape[1] + max_new)
+            length = prefill.mask.shape[1] + max_new
+            decoder = self._captured(lambda: self.static_decode.get(rows, length))
             decoder.load(prefill.cache, prefill.mask, prefill.last_positions, n)
             step_fn = decoder.step
         else:
@@ -331,7 +462,8 @@ class HFRolloutEngine(RolloutEngine):
         used = mask.any(dim=0).nonzero()
         prompt_len = ids.shape[1] - (int(used[0]) if used.numel() else 0)
         length = bucket(prompt_len + int(params.max_new_tokens), MIN_LENGTH_BUCKET)
-        ladder = self.static_decode.ladder(self._decode_slots(length), length)
+        slots = self._decode_slots(length)
+        ladder = self._captured(lambda: self.static_decode.ladder(slots, length))
         batch = ContinuousBatch(
             ladder,
             self._prefill,
@@ -343,6 +475,17 @@ class HFRolloutEngine(RolloutEngine):
             check_every=self.done_check_every,
         )
         return batch.run(ids, mask, n)
+
+    def _captured(self, get: Callable[[], T]) -> T:
+        """``get()`` of the static decoders, the graph captures it made counted in :attr:`stats`."""
+        self._sync()
+        began, captures = time.perf_counter(), self.static_decode.captures
+        got = get()
+        if self.static_decode.captures != captures:
+            self._sync()
+            self.stats["capture_s"] += time.perf_counter() - began
+            self.stats["captures"] += self.static_decode.captures - captures
+        return got
 
     def _decode_slots(self, length: int) -> int:
         """The decode slots for a cache of ``length`` positions, fixed at the first call of that
@@ -424,12 +567,16 @@ class HFRolloutEngine(RolloutEngine):
                     f"{tuple(target.shape)} in the rollout model; both must load the same model"
                 )
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        if self.prefix_cache is not None:  # computed with the old weights
+            self.prefix_cache.clear()
 
     def close(self) -> None:
         """Drop the model, its static caches and CUDA graphs (and the CUDA cache they used)."""
         if self.static_decode is not None:
             self.static_decode.clear()
             self.static_decode = None
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

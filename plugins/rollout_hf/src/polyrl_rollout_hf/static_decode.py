@@ -456,10 +456,15 @@ class StaticDecodePool:
         one KV cache of ``slots`` rows x the length bucket of ``length``: each smaller one views
         the first rows of the largest, so rows moved to the front keep decoding in a cheaper
         step without a copy out. All are captured before any is used (a capture's warm-up runs
-        write into the rows they share). One ladder is kept per shape."""
+        write into the rows they share). One ladder is held at a time; a call that fits the
+        held one (as many slots, a cache at least as long) uses it, so that calls of growing
+        lengths, such as the turns of a multi-turn rollout, capture once, not once per length."""
         self._check_weights_in_place()
         key = (int(slots), bucket(length, MIN_LENGTH_BUCKET))
         ladder = self._ladders.get(key)
+        for (held_slots, held_length), held in self._ladders.items():
+            if ladder is None and held_slots == key[0] and held_length >= key[1]:
+                ladder = held
         if ladder is None:
             self._ladders.clear()  # one KV cache of this size is enough memory to hold
             ladder = [StaticDecoder(self.model, *key, self.pad_token_id, fused=self.fused)]

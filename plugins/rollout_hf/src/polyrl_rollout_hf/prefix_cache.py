@@ -1,0 +1,142 @@
+"""The prefill KV of the last ``generate`` call's prompts, found again by their tokens.
+
+Why: a multi-turn rollout (:class:`polyrl.envs.rollout.MultiTurnRollout`) sends each episode's
+whole context (first prompt, earlier turns, observations) back as the next turn's prompt, and the
+engine stays stateless between turns, so every turn would prefill the context again: a cost that
+grows with the turn. Here each prefill's keys and values are kept, and a later prompt whose real
+tokens start with a kept prompt's tokens prefills only the tokens after it. The caller changes
+nothing (a prompt that finds nothing is prefilled whole), and nothing here is episode state: a
+restarted worker only prefills again.
+
+What is kept: the prefill's own cache tensors (``[P, KV, W, D]`` per layer, each prompt's tokens
+right-aligned, as :meth:`HFRolloutEngine._prefill` builds them: no copy is made), under a key of
+each prompt's length and a hash of its tokens; a hit is checked token by token. Only prompts of
+the latest call are kept (the next turn's prompts extend them; older ones are dead), so the memory
+held between calls is one call's prefill KV; a weight update drops everything (the KV was computed
+with the old weights).
+
+The keys and values of the response tokens come from the next turn's prefill, as in a fresh
+prefill of the whole context, not from the decode steps: the continued prefill computes what the
+fresh one computes (the same forward over the same tokens at the same positions), up to the
+rounding of a different batch shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# A prompt's key is its length and a polynomial hash of its tokens under two 31-bit primes
+# (products and sums stay inside int64); a hit is then checked token by token.
+_MODULI = (2**31 - 1, 2_147_483_629)
+_BASE = 1_000_003
+
+
+@dataclass
+class Block:
+    """One prefill's cache: ``layers[i] = (keys, values)`` of ``[P, KV, W, D]``, every prompt's
+    real tokens in its last columns."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def width(self) -> int:
+        return int(self.layers[0][0].shape[2])
+
+
+@dataclass
+class Hit:
+    """Prompt ``row`` of ``block`` (``length`` real tokens) starts the prompt that found it."""
+
+    block: Block
+    row: int
+    length: int
+
+
+@dataclass
+class _Entry:
+    block: Block
+    row: int
+    tokens: list[int]
+    call: int
+
+
+class PrefixCache:
+    """The kept prefills, by prompt tokens; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._call = 0
+        self._powers = torch.ones((len(_MODULI), 1), dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def begin_call(self) -> None:
+        """A ``generate`` call starts: what it stores belongs to it."""
+        self._call += 1
+
+    def end_call(self) -> None:
+        """The call is over: only its own prompts are kept (the next turn extends them)."""
+        self._entries = {k: e for k, e in self._entries.items() if e.call == self._call}
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    # ---- keys ---------------------------------------------------------------------------------
+    def _power_table(self, width: int) -> torch.Tensor:
+        """``[moduli, width]``: base^k modulo each modulus."""
+        while self._powers.shape[1] < width:
+            moduli = torch.tensor(_MODULI).unsqueeze(1)
+            last = self._powers[:, -1:]
+            self._powers = torch.cat([self._powers, last * _BASE % moduli], dim=1)
+        return self._powers[:, :width]
+
+    def _keys(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For left-padded ``ids``/``mask [P, W]`` (CPU): how many real tokens end at each
+        column and the key of those tokens (both ``[P, W]``)."""
+        real = mask.long()
+        count = real.cumsum(dim=1)
+        powers = self._power_table(ids.shape[1])
+        index = (count - 1).clamp(min=0)
+        key = torch.zeros_like(count)
+        for m, modulus in enumerate(_MODULI):
+            term = (ids.long() % modulus + 1) * powers[m][index] % modulus * real
+            key = key * 2**31 + term.cumsum(dim=1) % modulus
+        return count, key
+
+    # ---- lookup and store ---------------------------------------------------------------------
+    def lookup(self, ids: torch.Tensor, mask: torch.Tensor) -> list[Hit | None]:
+        """For each prompt of ``ids``/``mask [P, W]`` (left-padded, CPU): the longest kept prompt
+        its real tokens start with, leaving at least one token to prefill, or None."""
+        hits: list[Hit | None] = [None] * ids.shape[0]
+        if not self._entries:
+            return hits
+        count, key = self._keys(ids, mask)
+        lengths = torch.tensor(sorted({length for length, _ in self._entries}))
+        total = count[:, -1:]
+        candidate = mask.bool() & torch.isin(count, lengths) & (count < total)
+        rows, columns = candidate.nonzero(as_tuple=True)
+        tokens: dict[int, list[int]] = {}
+        for r, c in zip(rows.tolist(), columns.tolist(), strict=True):
+            length = int(count[r, c])
+            entry = self._entries.get((length, int(key[r, c])))
+            best = hits[r]
+            if entry is None or (best is not None and best.length >= length):
+                continue
+            if r not in tokens:
+                tokens[r] = ids[r][mask[r].bool()].tolist()
+            if tokens[r][:length] == entry.tokens:
+                hits[r] = Hit(entry.block, entry.row, length)
+        return hits
+
+    def store(self, ids: torch.Tensor, mask: torch.Tensor, block: Block) -> None:
+        """Keep the prefill ``block`` of prompts ``ids``/``mask [P, W]`` (CPU, the columns of
+        the block), each under its real tokens."""
+        count, key = self._keys(ids, mask)
+        lengths, keys = count[:, -1].tolist(), key[:, -1].tolist()
+        for r in range(ids.shape[0]):
+            if lengths[r]:
+                tokens = ids[r][mask[r].bool()].tolist()
+                self._entries[(lengths[r], keys[r])] = _Entry(block, r, tokens, self._call)
