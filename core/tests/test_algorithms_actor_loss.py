@@ -62,6 +62,20 @@ def test_no_entropy_or_kl_metrics_unless_used():
     assert not any("tis" in name for name in metrics)
 
 
+def test_a_policy_losss_metric_with_its_own_group_keeps_its_name():
+    """verl logs its rollout correction as rollout_corr/*, not under actor/."""
+
+    def loss_with_groups(batch, log_prob, config):
+        return log_prob * 0, {"ppo_kl": 0.5, "rollout_corr/kl": 0.25}
+
+    batch = Batch({"advantages": torch.ones(1, 2), "response_mask": torch.ones(1, 2)})
+    _, metrics = make_actor_loss_fn(actor_config(), loss_with_groups)(
+        batch, torch.zeros(1, 2), None
+    )
+    assert metrics["actor/ppo_kl"] == 0.5 and metrics["rollout_corr/kl"] == 0.25
+    assert "actor/rollout_corr/kl" not in metrics
+
+
 def test_kl_loss_needs_reference_log_probs():
     batch = Batch(
         {

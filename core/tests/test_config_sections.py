@@ -199,3 +199,40 @@ def test_a_key_of_an_uninstalled_first_party_plugin_names_the_package(monkeypatc
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", set()
     )
     assert "pip install polyrl-engine-megatron" in message
+
+
+@dataclass
+class Switch:
+    on: bool = False
+
+
+def _implied_by_switch(cfg) -> dict:
+    if not cfg.trainer.switch.on:
+        return {}
+    return {"trainer.total_epochs": (7, "trainer.switch.on=true")}
+
+
+@pytest.fixture
+def switching(register_plugin):
+    return register_plugin(
+        _logger(
+            "switching",
+            config_sections={"trainer.switch": Switch},
+            implies=_implied_by_switch,
+        )
+    )
+
+
+def test_a_plugins_keys_imply_other_settings_when_composed(switching):
+    assert load_config([*TINY, "trainer.switch.on=true"]).trainer.total_epochs == 7
+    assert load_config(TINY).trainer.total_epochs != 7
+
+
+def test_an_implied_setting_the_user_set_otherwise_is_refused(switching):
+    assert load_config([*TINY, "trainer.switch.on=true", "trainer.total_epochs=7"])
+    with pytest.raises(ConfigError) as caught:
+        load_config([*TINY, "trainer.switch.on=true", "trainer.total_epochs=3"])
+    assert str(caught.value) == (
+        "trainer.total_epochs=3 conflicts with trainer.switch.on=true, which means "
+        "trainer.total_epochs=7 to the plugin 'switching' (test-plugin); drop one of them"
+    )

@@ -100,6 +100,14 @@ class _Spec:
     imports. ``key_aliases`` maps an older or verl-only key (or group) to the key it means;
     command-line overrides are rewritten to it.
 
+    ``implies`` (a callable or import string) is ``implies(cfg) -> {key: (value, because)}``:
+    settings of other keys that this plugin's own keys stand for, as verl's
+    ``algorithm.rollout_correction.bypass_mode=true`` stands for the ``bypass_mode`` policy
+    loss. It is called for every installed plugin when the config is composed, after the
+    command line; each key still at its schema default takes ``value`` (``polyrl config``
+    shows it), and one the user set to another value is refused in one line quoting
+    ``because`` (the setting that implies it). Keep it light, like a ``config_check``.
+
     ``api_version`` is the range of :data:`API_VERSION` the plugin was written for, as a PEP 440
     specifier (``">=1.0,<2"``). Outside it, or when it is not a valid specifier, the registration
     is listed as ``incompatible`` and selecting it fails before anything starts, naming the
@@ -113,6 +121,9 @@ class _Spec:
     runtime_modules: tuple[str, ...] = field(default=(), kw_only=True)
     config_sections: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
     key_aliases: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    implies: Callable[[Any], Mapping[str, tuple[Any, str]]] | str | None = field(
+        default=None, kw_only=True
+    )
     api_version: str | None = field(default=None, kw_only=True)
 
     def capability_flags(self) -> dict[str, Any]:

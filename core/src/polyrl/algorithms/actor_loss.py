@@ -96,7 +96,7 @@ def make_actor_loss_fn(
                 pg_metrics = {**pg_metrics, **tis_metrics}
             loss, pg_loss = aggregate(pg_out)
         metrics = {"actor/pg_loss": _as_float(pg_loss)}
-        metrics.update({f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
+        metrics.update({_metric_name(k): _as_float(v) for k, v in pg_metrics.items()})
 
         if entropy is not None:
             entropy_share, entropy_own = aggregate(entropy)
@@ -119,6 +119,13 @@ def make_actor_loss_fn(
 
     actor_loss.needs_entropy_grad = entropy_coeff != 0.0  # type: ignore[attr-defined]
     return actor_loss
+
+
+def _metric_name(name: str) -> str:
+    """A policy loss's metric as logged: a bare name (``pg_clipfrac``) under ``actor/``; a name
+    that already has its group (``rollout_corr/rollout_is_mean``, verl's) as given, so a loss
+    can report under the names verl logs."""
+    return name if "/" in name else f"actor/{name}"
 
 
 def _sequence_mean(per_row: torch.Tensor, norm: dict[str, Any]) -> tuple[torch.Tensor, Any]:

@@ -45,6 +45,7 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             group=ALGORITHM_DEFAULTS_GROUP, name=name, node=values, package="_global_"
         )
         cfg = _compose([*overrides, f"{ALGORITHM_DEFAULTS_GROUP}={name}"])
+    _apply_implied_settings(cfg)
     _merge_plugin_settings(cfg)
     apply_global_micro_batches(cfg, overrides)
     OmegaConf.resolve(cfg)
@@ -70,6 +71,45 @@ def _store_schema() -> None:
     mount(mounted, set(schema_keys()))
     ConfigStore.instance().store(name=SCHEMA_NAME, node=mounted)
     _stored_schema[:] = [schema]
+
+
+def _apply_implied_settings(cfg: DictConfig) -> None:
+    """Write what the installed plugins' keys imply (``implies`` of their specs, see
+    :class:`polyrl.specs._Spec`) into the composed config, before plugins are selected from it:
+    verl's ``algorithm.rollout_correction.bypass_mode=true`` selects the policy loss it stands
+    for, as verl's trainer does, and ``polyrl config`` shows the result. A key the user set to
+    another value is refused in one line: silently overriding it would run another loss than
+    the one asked for, and keeping it would ignore the setting that implies the other."""
+    from polyrl.config.sections import schema_defaults
+    from polyrl.errors import ConfigError
+    from polyrl.registry import get_registry
+    from polyrl.specs import resolve_object
+
+    defaults = schema_defaults()
+    for reg in get_registry().all():
+        rule = getattr(reg.spec, "implies", None)
+        if rule is None:
+            continue
+        owner = f"the plugin {reg.name!r} ({reg.provenance.distribution})"
+        try:
+            implied = dict(resolve_object(rule)(cfg))
+        except ConfigError:
+            raise
+        except Exception as exc:  # a plugin bug: its keys would be silently ignored
+            raise ConfigError(
+                f"the settings that {owner} derives from the config cannot be computed "
+                f"({type(exc).__name__}: {exc}); report it to {reg.provenance.distribution}"
+            ) from exc
+        for key, (value, because) in implied.items():
+            current = OmegaConf.select(cfg, key, default=None)
+            if current == value:
+                continue
+            if current != OmegaConf.select(defaults, key, default=None):
+                raise ConfigError(
+                    f"{key}={current} conflicts with {because}, which means {key}={value} "
+                    f"to {owner}; drop one of them"
+                )
+            OmegaConf.update(cfg, key, value)
 
 
 def _merge_plugin_settings(cfg: DictConfig) -> None:

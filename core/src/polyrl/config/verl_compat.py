@@ -285,9 +285,11 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "verl's reward_manager group", "reward_model.reward_manager and custom_reward_function"
     ),
     # --- algorithm ---
+    # polyrl-loss-zoo declares the group (its bypass_mode loss implements it): judged here only
+    # when that package is not installed.
     "algorithm.rollout_correction.*": Refused(
-        "rollout correction (importance sampling and rejection)",
-        "actor_rollout_ref.actor.tis_imp_ratio_cap",
+        "rollout correction (importance sampling and rejection) without polyrl-loss-zoo",
+        "polyrl-loss-zoo (pip install polyrl-loss-zoo), whose bypass_mode loss implements it",
     ),
     # --- data ---
     "data.return_*": NoEffect("polyrl's dataset applies the chat template itself"),

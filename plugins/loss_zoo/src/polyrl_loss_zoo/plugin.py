@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import PolicyLossSpec, hookimpl
-from polyrl_loss_zoo.settings import POLICY_LOSS_SECTIONS, SAPO_SECTIONS
+from polyrl_loss_zoo.settings import (
+    POLICY_LOSS_SECTIONS,
+    ROLLOUT_CORRECTION_SECTIONS,
+    SAPO_SECTIONS,
+)
 
 _PKG = "polyrl_loss_zoo"
 
@@ -88,8 +92,13 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
     )
     yield PolicyLossSpec(
         name="bypass_mode",
-        description="verl's rollout-correction bypass: refused (polyrl has no "
-        "algorithm.rollout_correction)",
+        description="verl's rollout correction in bypass mode (algorithm.rollout_correction.*, "
+        "which selects it): the rollout's log-probs as the old ones; token/sequence IS weights "
+        "truncated at rollout_is_threshold, rejection criteria (rollout_rs); ppo_clip or "
+        "reinforce (loss_type)",
         fn=f"{_PKG}.bypass:bypass_mode_policy_loss",
-        config_check=f"{_PKG}.bypass:check_bypass_config",
+        requires=("old_log_probs", "rollout_log_probs", "advantages", "response_mask"),
+        config_check=f"{_PKG}.correction_config:check_bypass_config",
+        config_sections=ROLLOUT_CORRECTION_SECTIONS,
+        implies=f"{_PKG}.correction_config:implied_settings",
     )

@@ -4,7 +4,7 @@ imports it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
@@ -44,3 +44,45 @@ class SapoSettings:
 
 POLICY_LOSS_SECTIONS = {POLICY_LOSS: PolicyLossSettings}
 SAPO_SECTIONS = {ACTOR: SapoSettings}
+
+
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+# Where verl hands the same settings to the actor's loss (its trainer copies them into
+# policy_loss.rollout_correction); here a mirror that follows algorithm.rollout_correction.
+LOSS_ROLLOUT_CORRECTION = f"{POLICY_LOSS}.rollout_correction"
+
+
+@dataclass
+class RolloutCorrectionSettings:
+    """verl's ``algorithm.rollout_correction.*``: correcting for the gap between the rollout
+    engine's sampling policy and the policy being trained.
+
+    ``rollout_is``: importance weights ``pi / pi_rollout`` per ``token`` or per ``sequence``
+    (the product over its tokens), truncated at ``rollout_is_threshold``, optionally divided by
+    their mean (``rollout_is_batch_normalize``); null: none. ``rollout_rs``: rejection
+    criteria, comma-separated (``token_k1,seq_max_k2``), with ``rollout_rs_threshold`` one
+    entry per criterion or one for all (``"0.6_1.6,2.5"``: ``lower_upper`` ratio bounds for a
+    ``*k1`` criterion, an upper bound for k2/k3). ``bypass_mode``: the rollout's log-probs
+    serve as the old ones (no recomputation) and the ``bypass_mode`` loss applies the
+    correction, ``loss_type`` ``ppo_clip`` (PPO's ratio to the rollout policy; the weights are
+    only logged) or ``reinforce`` (``-w * A * log pi``).
+    """
+
+    rollout_is: Any = None  # null, "token" or "sequence"
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: Any = None  # null or comma-separated criteria, e.g. "token_k1,seq_max_k2"
+    rollout_rs_threshold: Any = None  # a number, or "0.6_1.6,2.5": one entry per criterion
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+
+
+ROLLOUT_CORRECTION_SECTIONS = {
+    ROLLOUT_CORRECTION: RolloutCorrectionSettings,
+    LOSS_ROLLOUT_CORRECTION: RolloutCorrectionSettings(
+        **{
+            name: f"${{{ROLLOUT_CORRECTION}.{name}}}"
+            for name in (f.name for f in fields(RolloutCorrectionSettings))
+        }
+    ),
+}
