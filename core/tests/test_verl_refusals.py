@@ -2,19 +2,16 @@
 the reward loop's engine keys (``reward_model.rollout.*``) by what the rest of the command line
 asks for (a discriminative reward model, a generative one called from the custom reward
 function, or polyrl's judge), the TensorRT-LLM rollout, groups of one sample, and verl's FSDP
-mixed-precision dtypes."""
+mixed-precision dtypes (the FSDP engine's keys)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from polyrl.config import load_config
 from polyrl.config.keys import check_override_keys
 from polyrl.config.validate import validate_config, verl_lines
 from polyrl.config.verl_compat import NOT_SUPPORTED, judge_settings_from_verl
-from polyrl.errors import ConfigError
 
 LOOP = [
     "reward_model.use_reward_loop=True",
@@ -130,12 +127,12 @@ def test_groups_of_one_are_refused_as_verls_raw_score_advantage() -> None:
     assert len(found) == 1 and NOT_SUPPORTED in found[0]
 
 
-def test_verls_fsdp_mixed_precision_dtypes_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="FSDP mixed-precision dtypes") as info:
-        check_override_keys(
-            ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16"]
-        )
-    assert NOT_SUPPORTED in str(info.value)
+def test_verls_fsdp_mixed_precision_dtypes_are_the_fsdp_engines_keys() -> None:
+    """verl's ``+fsdp_config.mixed_precision.<dtype>`` means the FSDP engine's
+    ``fsdp_config.<dtype>`` (its ``mixed_precision`` is a switch)."""
+    overrides = ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16"]
+    check_override_keys(overrides)
+    assert overrides == ["++actor_rollout_ref.actor.fsdp_config.reduce_dtype=bf16"]
 
 
 VAL = "actor_rollout_ref.rollout.val_kwargs"

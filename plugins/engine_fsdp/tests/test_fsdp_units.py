@@ -7,6 +7,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from polyrl.api import Notice
 from polyrl.api.testing import schema_config
 from polyrl.registry import discover
 from polyrl.specs import PluginKind
@@ -53,8 +54,11 @@ def test_config_check_fsdp_rules():
     # the ref follows the actor's FSDP settings unless set: one line per node
     found = _check("trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=3")
     assert [p.split("=")[0] for p in found] == ["actor_rollout_ref.ref.fsdp_config.fsdp_size"]
+    # offload keys set apart: a notice (both are offloaded), not a problem
     (line,) = _check("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
-    assert "param_offload=False and .optimizer_offload=True" in line
+    assert isinstance(line, Notice)
+    assert "param_offload=False with .optimizer_offload=True" in line
+    assert line.endswith("so both are offloaded")
     assert (
         _check(
             "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
@@ -68,3 +72,27 @@ def test_config_check_fsdp_rules():
     assert line == (
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu must be a positive integer, got 0"
     )
+
+
+def test_offload_keys_set_apart_validate_with_one_notice_and_offload_both(caplog):
+    """verl's param_offload without optimizer_offload (or the reverse): accepted, one notice
+    per run, and the engine offloads both (FSDP2's CPUOffloadPolicy moves them together)."""
+    import logging
+
+    from polyrl.api import load_config
+    from polyrl.config.validate import validate_config
+    from polyrl_engine_kit.config import resolve_settings
+
+    key = "actor_rollout_ref.actor.fsdp_config.param_offload"
+    cfg = load_config(["recipe=tiny", f"{key}=true"])
+    with caplog.at_level(logging.WARNING):
+        problems = validate_config(cfg)
+        validate_config(cfg)
+    assert not [p for p in problems if "offload" in p]
+    noticed = [r.getMessage() for r in caplog.records if "so both are offloaded" in r.getMessage()]
+    assert noticed == [
+        f"{key}=True with .optimizer_offload=False: FSDP2's CPU offload moves parameters, "
+        f"gradients and the optimizer step together, so both are offloaded"
+    ]
+    arr = cfg.actor_rollout_ref
+    assert resolve_settings(arr.model, arr.actor, 1, world_size=1).param_offload

@@ -156,6 +156,7 @@ _LAZY: dict[str, str] = {
     "OptimConfig": "polyrl.config.schema:OptimConfig",
     # config checks (``AlgorithmSpec.config_check`` and the engines' checks)
     "Checker": "polyrl.config.checks.checker:Checker",
+    "Notice": "polyrl.config.checks.checker:Notice",
     "LOSS_AGG_MODES": "polyrl.config.checks.ranges:LOSS_AGG_MODES",
     "at_least": "polyrl.config.checks.ranges:at_least",
     "check_ppo_batches": "polyrl.config.checks.batches:check_ppo_batches",
@@ -203,7 +204,7 @@ if TYPE_CHECKING:
     from polyrl.batch import Batch
     from polyrl.config.checks import pool_of, role_world
     from polyrl.config.checks.batches import check_ppo_batches
-    from polyrl.config.checks.checker import Checker, get, is_positive_int
+    from polyrl.config.checks.checker import Checker, Notice, get, is_positive_int
     from polyrl.config.checks.model import looks_local
     from polyrl.config.checks.off_policy import TIS_CAP_KEY, tis_enabled
     from polyrl.config.checks.ranges import LOSS_AGG_MODES, at_least
@@ -313,6 +314,7 @@ __all__ = [
     "MiniBatchPlan",
     "ModelHead",
     "MultiTurnRollout",
+    "Notice",
     "Observation",
     "OptimConfig",
     "PluginKind",

@@ -11,7 +11,6 @@ model) to check its data chain.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from omegaconf import DictConfig
@@ -34,9 +33,6 @@ from polyrl.lora import describe_lora
 from polyrl.registry import Registry, get_registry
 from polyrl.specs import PluginKind
 
-log = logging.getLogger(__name__)
-_noticed: set[str] = set()
-
 
 def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[str]:
     """Every problem of ``cfg``, one human-readable line each; an empty list means valid."""
@@ -44,9 +40,7 @@ def validate_config(cfg: DictConfig, registry: Registry | None = None) -> list[s
     problems, notices = verl_lines(cfg)
     checker.problems.extend(problems)
     for line in notices:
-        if line not in _noticed:  # once per run (the driver validates before it starts)
-            _noticed.add(line)
-            log.warning("%s", line)
+        checker.notice(line)
     selected = plugins.check_selection(checker)
     algorithm = step.select_algorithm(checker)
     if algorithm is not None:

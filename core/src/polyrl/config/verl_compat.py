@@ -243,9 +243,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "actor_rollout_ref.ref.use_torch_compile": NoEffect(
         "the reference follows actor_rollout_ref.actor.use_torch_compile"
     ),
-    "*.fsdp_config.model_dtype": Refused(
-        "bf16 master weights", "fp32 master weights (fsdp_config.mixed_precision=true)"
-    ),
     "*.fsdp_config.strategy": NoEffect("actor_rollout_ref.actor.strategy sets it"),
     "*.fsdp_config.dtype": NoEffect("actor_rollout_ref.model.dtype sets it"),
     "*.fsdp_config.*": NoEffect("the FSDP2 engine does not use this FSDP1 setting"),
@@ -356,14 +353,7 @@ def added_key_message(key: str) -> str:
 
 
 # Keys that verl's code reads without its config declaring them, that name a known feature.
-ADDED_KEYS = {
-    "*.fsdp_config.mixed_precision.*": (
-        "FSDP mixed-precision dtypes of verl's FSDP workers (param_dtype, reduce_dtype, "
-        "buffer_dtype)",
-        "fsdp_config.mixed_precision=true (compute in actor_rollout_ref.model.dtype, fp32 "
-        "master weights and gradient reduction; the FSDP engine's default) and remove them",
-    ),
-}
+ADDED_KEYS: dict[str, tuple[str, str]] = {}
 
 
 # Keys verl's own example configs add (their YAML composes onto verl's trainer config) that the

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from polyrl.api import lora_rank, role_world
+from polyrl.api import Notice, lora_rank, role_world
 from polyrl_engine_fsdp.plugin import ENGINE_NAMES
 from polyrl_engine_kit.checks import (
     ACTOR,
@@ -24,6 +24,7 @@ from polyrl_engine_kit.checks import (
     head_problem,
     model_heads,
     optim_problems,
+    precision_problems,
     switch_problem,
 )
 from polyrl_engine_kit.moved import moved_names
@@ -44,20 +45,22 @@ __getattr__ = moved_names(
 )
 
 
-def offload_problem(fsdp: Any, prefix: str) -> str | None:
-    """FSDP2's CPU offload policy moves parameters, gradients and optimizer state together."""
+def offload_notice(fsdp: Any, prefix: str) -> Notice | None:
+    """verl offloads parameters and the optimizer separately; FSDP2's CPU offload policy moves
+    parameters, gradients and the optimizer step together, so either key turns all of it on
+    (:func:`polyrl_engine_kit.config.resolve_settings`). One notice says so when they differ."""
     if bool(fsdp.param_offload) == bool(fsdp.optimizer_offload):
         return None
-    return (
-        f"{prefix}.fsdp_config.param_offload={bool(fsdp.param_offload)} and "
-        f".optimizer_offload={bool(fsdp.optimizer_offload)}: FSDP2 offloads parameters, "
-        f"gradients and the optimizer step to the CPU together, so either key turns all of it "
-        f"on; set both to the same value"
+    return Notice(
+        f"{prefix}.fsdp_config.param_offload={bool(fsdp.param_offload)} with "
+        f".optimizer_offload={bool(fsdp.optimizer_offload)}: FSDP2's CPU offload moves "
+        f"parameters, gradients and the optimizer step together, so both are offloaded"
     )
 
 
 def check_config(cfg: Any) -> list[str]:
-    """The FSDP engine's rules for the composed run config (selected as the training engine).
+    """The FSDP engine's rules for the composed run config (selected as the training engine),
+    with :class:`~polyrl.api.Notice` lines for settings it honours in its own way.
     Core's checks already cover the micro-batch arithmetic and the optimizer's ranges. The
     reference's keys default to the actor's: a value it only inherits is reported once."""
     arr = cfg.actor_rollout_ref
@@ -73,9 +76,14 @@ def check_config(cfg: Any) -> list[str]:
         if found is not None:
             size = fsdp_size_problem(node.fsdp_config, prefix, found[0], found[1])
             problems += [size] if size else []
-    offload = offload_problem(actor.fsdp_config, ACTOR)
+    offload = offload_notice(actor.fsdp_config, ACTOR)
     problems += [offload] if offload else []
     problems += [p for p in [switch_problem(actor.fsdp_config, ACTOR)] if p]
+    problems += precision_problems(actor.fsdp_config, ACTOR)
+    if ref.fsdp_config != actor.fsdp_config:
+        own = precision_problems(ref.fsdp_config, REF)
+        inherited = precision_problems(actor.fsdp_config, REF)
+        problems += [p for p in own if p not in inherited]
     problems += [p for p in [peft_problem(arr.model)] if p]
     if str(cfg.critic.strategy) in ENGINE_NAMES:
         problems += critic_problems(cfg)
@@ -102,7 +110,9 @@ def critic_problems(cfg: Any) -> list[str]:
     if found is not None and (fsdp != actor_fsdp or found != role_world(cfg, "actor")):
         size = fsdp_size_problem(fsdp, f"{CRITIC}.model", found[0], found[1])
         problems += [size] if size else []
-    offload = offload_problem(fsdp, f"{CRITIC}.model") if fsdp != actor_fsdp else None
+    if fsdp != actor_fsdp:
+        problems += precision_problems(fsdp, f"{CRITIC}.model")
+    offload = offload_notice(fsdp, f"{CRITIC}.model") if fsdp != actor_fsdp else None
     return [*problems, *([offload] if offload else [])]
 
 

@@ -116,7 +116,8 @@ class FSDPEngine(TrainingEngine):
         seed_everything(ctx.seed)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
         self.head = ModelHead(ctx.head)
-        model = load_hf_model(ctx.model_path, self.settings, self.device, self.head)
+        master = torch_dtype(self.settings.master_dtype)  # verl's fsdp_config.model_dtype
+        model = load_hf_model(ctx.model_path, self.settings, self.device, self.head, master)
         self.hf_config = model.config
         self.ulysses = ulysses_size(ctx, model.config)
         self.sequence_parallel = sequence_parallel_group(self.ulysses, self.device)

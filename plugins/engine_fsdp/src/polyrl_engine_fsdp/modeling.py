@@ -37,15 +37,53 @@ def shard_model(
     """Apply ``fully_shard`` to every decoder layer, then to the root, over :func:`fsdp_mesh`."""
     mesh = fsdp_mesh(device, dist.get_world_size(), settings.fsdp_size)
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
-    compute = kit_modeling.torch_dtype(settings.dtype)
-    if settings.mixed_precision and compute != torch.float32:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    policy = precision_policy(settings)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    if settings.buffer_dtype is not None:
+        cast_buffers(model, kit_modeling.torch_dtype(settings.buffer_dtype))
     if settings.param_offload and device.type == "cuda":
         kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in kit_modeling.decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model, mesh
+
+
+def compute_dtype(settings: EngineSettings) -> torch.dtype:
+    """The dtype the forward and backward compute in: verl's ``mixed_precision.param_dtype``
+    when set, else ``actor_rollout_ref.model.dtype`` under ``mixed_precision=true``, else the
+    master weights' own (``fsdp_config.model_dtype``)."""
+    if settings.param_dtype is not None:
+        return kit_modeling.torch_dtype(settings.param_dtype)
+    if settings.mixed_precision:
+        return kit_modeling.torch_dtype(settings.dtype)
+    return kit_modeling.torch_dtype(settings.master_dtype)
+
+
+def precision_policy(settings: EngineSettings) -> MixedPrecisionPolicy | None:
+    """FSDP2's mixed precision for these settings: weights gathered in :func:`compute_dtype`,
+    gradients reduced in ``reduce_dtype`` (float32 unless verl's ``mixed_precision.reduce_dtype``
+    says otherwise) and kept in the master dtype. None when everything is already in the master
+    dtype (nothing to cast)."""
+    master = kit_modeling.torch_dtype(settings.master_dtype)
+    compute = compute_dtype(settings)
+    if settings.reduce_dtype is not None:
+        reduce = kit_modeling.torch_dtype(settings.reduce_dtype)
+    else:
+        reduce = torch.float32
+    if compute == master and reduce == master:
+        return None
+    return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
+
+
+def cast_buffers(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast the model's floating-point buffers to ``dtype`` (verl's ``buffer_dtype``): FSDP2
+    casts parameters only, so buffers are converted once, before sharding."""
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
 
 
 def fsdp_mesh(device: torch.device, world_size: int, fsdp_size: int) -> DeviceMesh:
@@ -94,8 +132,7 @@ def accumulates_unsharded(model: nn.Module, settings: EngineSettings, device: to
         return settings.accumulate_unsharded
     if device.type != "cuda":
         return False
-    compute = kit_modeling.torch_dtype(settings.dtype)
-    weight_bytes = compute.itemsize if settings.mixed_precision else 4
+    weight_bytes = compute_dtype(settings).itemsize
     params = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     needed = weight_bytes * params + 4 * trained

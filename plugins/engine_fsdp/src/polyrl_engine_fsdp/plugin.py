@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from polyrl.api import TrainingEngineSpec, hookimpl
-from polyrl_engine_fsdp.settings import CONFIG_SECTIONS
+from polyrl_engine_fsdp.settings import CONFIG_SECTIONS, KEY_ALIASES
 
 ENGINE = "polyrl_engine_fsdp.engine:FSDPEngine"
 ENGINE_NAMES = ("fsdp2", "fsdp")
@@ -34,6 +34,7 @@ def _spec(name: str, description: str) -> TrainingEngineSpec:
         runtime_modules=("torch",),
         config_check=CONFIG_CHECK,
         config_sections=CONFIG_SECTIONS,
+        key_aliases=KEY_ALIASES,
         checkpoint_reader=CHECKPOINT_READER,
     )
 

@@ -34,6 +34,15 @@ class FSDPSettings:
     in fp32, reduce-scattered once after the last micro-batch instead of after each; true /
     false, or auto: on CUDA when the full bf16 weights and fp32 gradients take at most a tenth
     of the GPU's memory.
+
+    verl's precision keys: ``model_dtype``, the dtype the master weights are created in (and
+    the optimizer steps): fp32, or bf16 for bf16 master weights. ``param_dtype`` /
+    ``reduce_dtype`` (verl's ``mixed_precision.param_dtype`` ... , aliased here): FSDP2's
+    ``MixedPrecisionPolicy``, the dtype the forward and backward compute in and the one
+    gradients are reduced in; unset, ``mixed_precision=true`` computes in
+    ``actor_rollout_ref.model.dtype`` and gradients reduce in fp32. ``buffer_dtype``: the
+    model's floating-point buffers (rotary frequencies) are cast to it, as verl's FSDP1
+    ``MixedPrecision`` does; unset, they stay in the master dtype.
     """
 
     param_offload: bool = False
@@ -42,6 +51,10 @@ class FSDPSettings:
     mixed_precision: bool = True
     fsdp_size: int = -1
     accumulate_unsharded: Any = "auto"
+    model_dtype: str = "fp32"
+    param_dtype: Any = None
+    reduce_dtype: Any = None
+    buffer_dtype: Any = None
 
 
 @dataclass
@@ -64,6 +77,14 @@ class SequenceParallelSettings:
     ulysses_sequence_parallel_size: int = 1
 
 
+# verl sets the FSDP mixed-precision dtypes as a group below fsdp_config.mixed_precision, which
+# is a switch here: its keys are aliases of this section's.
+MIXED_PRECISION_DTYPES = ("param_dtype", "reduce_dtype", "buffer_dtype")
+KEY_ALIASES = {
+    f"{node}.mixed_precision.{key}": f"{node}.{key}"
+    for node in (ACTOR_FSDP, REF_FSDP, CRITIC_FSDP)
+    for key in MIXED_PRECISION_DTYPES
+}
 FOLLOWING_ACTOR = following(FSDPSettings, ACTOR_FSDP)
 SEQUENCE_PARALLEL_OF_ACTOR = following(SequenceParallelSettings, ACTOR)
 CONFIG_SECTIONS = {

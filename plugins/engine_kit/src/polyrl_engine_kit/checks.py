@@ -111,6 +111,33 @@ def fsdp_size_problem(
     )
 
 
+# verl's FSDP precision keys (fsdp_config.model_dtype and mixed_precision.*, which the FSDP
+# engine declares as fsdp_config.{model_dtype, param_dtype, reduce_dtype, buffer_dtype}); only
+# model_dtype is always set.
+PRECISION_KEYS = ("model_dtype", "param_dtype", "reduce_dtype", "buffer_dtype")
+
+
+def precision_name(value: Any) -> str:
+    """A precision key's value as :data:`DTYPES` spells it (``torch.bfloat16`` -> ``bfloat16``;
+    verl's ``bf16`` and ``fp32`` are keys of it already)."""
+    return str(value).lower().replace("torch.", "")
+
+
+def precision_problems(fsdp: Any, prefix: str) -> list[str]:
+    """verl's FSDP dtypes: each set one must be a dtype the engines know."""
+    problems = []
+    for key in PRECISION_KEYS:
+        value = getattr(fsdp, key, None)
+        if value is None and key != "model_dtype":
+            continue
+        if precision_name(value) not in DTYPES:
+            problems.append(
+                f"{prefix}.fsdp_config.{key}={value!r} is not a dtype the engines know; use "
+                f"bfloat16 (bf16), float16 (fp16) or float32 (fp32)"
+            )
+    return problems
+
+
 def switch_problem(fsdp: Any, prefix: str) -> str | None:
     value = fsdp.accumulate_unsharded
     if not (isinstance(value, bool | str) and value in AUTO_SWITCH):
@@ -143,6 +170,7 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
     problems += optim_problems(engine.optim, prefix)
     problems += lora_problems(model)
     size = fsdp_size_problem(engine.fsdp_config, prefix, world_size)
+    problems += precision_problems(engine.fsdp_config, prefix)
     switch = switch_problem(engine.fsdp_config, prefix)
     return [*problems, *([size] if size else []), *([switch] if switch else [])]
 

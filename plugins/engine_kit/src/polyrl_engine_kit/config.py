@@ -23,6 +23,7 @@ from polyrl_engine_kit.checks import (
     DTYPES,
     dtype_name,
     node_problems,
+    precision_name,
     scheduler_type,
 )
 
@@ -107,6 +108,13 @@ class EngineSettings:
     # FSDP's shard group size (verl's fsdp_size): <= 0 or the world shards over all ranks, a
     # divisor of the world below it gives hybrid sharding (modeling.shard_model)
     fsdp_size: int = -1
+    # FSDP's precision (verl's fsdp_config.model_dtype and mixed_precision.*, see
+    # polyrl_engine_fsdp.modeling.precision_policy): the dtype the master weights are created
+    # in, and the MixedPrecisionPolicy's dtypes (None: what mixed_precision implies)
+    master_dtype: str = "float32"
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    buffer_dtype: str | None = None
 
 
 def _split_runtime_keys(engine: Any) -> tuple[Any, int | None]:
@@ -165,7 +173,7 @@ def resolve_settings(
         mixed_precision=bool(fsdp.mixed_precision),
         reshard_after_forward=bool(fsdp.reshard_after_forward),
         # FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step to the
-        # CPU together, so either key turns it on (polyrl validate asks for both to agree).
+        # CPU together, so either key turns it on (polyrl validate notes it when they differ).
         param_offload=bool(fsdp.param_offload) or bool(fsdp.optimizer_offload),
         gradient_checkpointing=bool(model.enable_gradient_checkpointing),
         remove_padding=bool(model.use_remove_padding),
@@ -193,4 +201,13 @@ def resolve_settings(
         ),
         lora=lora_settings(model),
         fsdp_size=int(fsdp.fsdp_size),
+        master_dtype=DTYPES[precision_name(fsdp.model_dtype)],
+        param_dtype=_optional_dtype(fsdp.param_dtype),
+        reduce_dtype=_optional_dtype(fsdp.reduce_dtype),
+        buffer_dtype=_optional_dtype(fsdp.buffer_dtype),
     )
+
+
+def _optional_dtype(value: Any) -> str | None:
+    """A checked dtype key's canonical name; None where it is unset."""
+    return None if value is None else DTYPES[precision_name(value)]

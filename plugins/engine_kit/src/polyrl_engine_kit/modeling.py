@@ -47,8 +47,11 @@ def load_hf_model(
     settings: EngineSettings,
     device: torch.device,
     head: ModelHead = ModelHead.CAUSAL_LM,
+    master_dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    """The model with ``head`` in float32 (the master weights) on ``device``."""
+    """The model with ``head`` in ``master_dtype`` (the master weights the optimizer steps:
+    float32 unless the FSDP engine's ``fsdp_config.model_dtype`` asks otherwise) on
+    ``device``."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     config = load_hf_config(model_path, settings)
@@ -64,7 +67,7 @@ def load_hf_model(
     model = auto_class.from_pretrained(
         model_path,
         config=config,
-        dtype=torch.float32,
+        dtype=master_dtype,
         trust_remote_code=settings.trust_remote_code,
         **kwargs,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -44,8 +45,32 @@ def as_list(value: Any) -> list[Any]:
     return [value]
 
 
+class Notice(str):
+    """A line a config check returns that is not a problem: how polyrl honours a setting in its
+    own way (a verl key whose effect here is broader, such as FSDP2 offloading parameters and
+    optimizer together). Why a type of its own: a plugin's ``config_check`` returns plain lines,
+    and a notice must reach the user without refusing the config; validation logs it once
+    per run (:func:`notice_once`)."""
+
+    __slots__ = ()
+
+
+# Notices are logged under the validator's name, once per process (the driver validates before
+# it starts, and ``polyrl validate`` once).
+_notice_log = logging.getLogger("polyrl.config.validate")
+_noticed: set[str] = set()
+
+
+def notice_once(line: str) -> None:
+    """Log ``line`` as a warning unless this process has logged it already."""
+    if line not in _noticed:
+        _noticed.add(line)
+        _notice_log.warning("%s", line)
+
+
 class Checker:
-    """Collects problems; each helper adds at most one line per key."""
+    """Collects problems; each helper adds at most one line per key. Notices are logged, not
+    collected (:meth:`notice`)."""
 
     def __init__(self, cfg: DictConfig, registry: Registry) -> None:
         self.cfg = cfg
@@ -54,6 +79,10 @@ class Checker:
 
     def add(self, message: str) -> None:
         self.problems.append(message)
+
+    def notice(self, line: str) -> None:
+        """A line that does not make the config invalid: logged once per run."""
+        notice_once(line)
 
     def get(self, key: str) -> Any:
         return get(self.cfg, key)

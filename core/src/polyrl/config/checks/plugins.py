@@ -16,7 +16,7 @@ import logging
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from polyrl.config.checks.checker import MISSING, Checker, as_list, is_number
+from polyrl.config.checks.checker import MISSING, Checker, Notice, as_list, is_number
 from polyrl.config.verl_compat import NOT_SUPPORTED, backend_refusal
 from polyrl.errors import PolyrlError
 from polyrl.registry import PluginIncompatibleError, Registration
@@ -229,7 +229,8 @@ def _check_section_fields(checker: Checker, name: str, section: Any, reg: Regist
 def run_plugin_checks(checker: Checker, selected: dict[str, Registration]) -> None:
     """Run the ``config_check`` of every selected plugin (each check once). A check that cannot
     be imported, raises, or returns something other than a list of strings is one line naming
-    its package."""
+    its package. A returned :class:`~polyrl.config.checks.checker.Notice` is logged once, not
+    counted as a problem."""
     done: set[Any] = set()
     for key, reg in selected.items():
         check = reg.spec.config_check
@@ -253,8 +254,11 @@ def run_plugin_checks(checker: Checker, selected: dict[str, Registration]) -> No
                 f"not a list of strings; report it to {reg.provenance.distribution}"
             )
             continue
-        for problem in found:
-            checker.add(" ".join(problem.split()))
+        for line in found:
+            if isinstance(line, Notice):  # how a setting is honoured: logged, not refused
+                checker.notice(" ".join(line.split()))
+            else:
+                checker.add(" ".join(line.split()))
 
 
 def _describe(check: Any) -> str:
