@@ -210,10 +210,14 @@ def main() -> None:
             enable=True, max_assistant_turns=args.turns, max_tokens_per_turn=args.tokens_per_turn
         )
     )
-    budget = total + args.turns * (args.observation_words + 16)
+    chat = ChatTokens(AutoTokenizer.from_pretrained(folder), eos)
+    environment = FixedTurnsEnvironment(args.turns, args.observation_words)
+    # room for every turn and observation, so that no turn is cut short of the single side's count
+    observation = [{"role": "user", "content": FixedTurnsEpisode(1, args.observation_words).text}]
+    budget = total + args.turns * len(chat.observation_ids(observation, close=True))
     rollout = MultiTurnRollout(
-        FixedTurnsEnvironment(args.turns, args.observation_words),
-        ChatTokens(AutoTokenizer.from_pretrained(folder), eos),
+        environment,
+        chat,
         settings,
         max_response_length=budget,
         max_prompt_length=args.prompt_len,

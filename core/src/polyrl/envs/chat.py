@@ -29,6 +29,7 @@ class ChatTokens:
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self._closing: str | None = None
         self._end_of_turn = -1
+        self._base: str | None = None  # the stand-in chat rendered (the same at every call)
 
     def encode(self, text: str) -> list[int]:
         return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
@@ -52,7 +53,9 @@ class ChatTokens:
         """Tokens to append after a sampled assistant turn (which ends with its end-of-turn
         token, or, with ``close``, was cut before it: then the token comes first): the
         observation ``messages`` and the next assistant header."""
-        base = self.render(_BASE)
+        if self._base is None:
+            self._base = self.render(_BASE)
+        base = self._base
         full = self.render([*_BASE, *messages], add_generation_prompt=True)
         if not full.startswith(base):
             raise ConfigError(

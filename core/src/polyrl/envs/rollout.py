@@ -104,6 +104,13 @@ class MultiTurnRollout:
         self.max_prompt_length = int(max_prompt_length)
         self.parse = PARSERS[str(settings.format)]
         self.timeout_s = float(settings.env_timeout_s)
+        # Read once: a config node's attribute access costs microseconds, and the loop reads
+        # these for every episode at every turn.
+        self.max_tokens_per_turn = _optional_int(settings.max_tokens_per_turn)
+        self.max_user_turns = _optional_int(settings.max_user_turns)
+        self.max_assistant_turns = _optional_int(settings.max_assistant_turns)
+        self.max_tool_response_length = int(settings.max_tool_response_length)
+        self.tool_response_truncate_side = str(settings.tool_response_truncate_side)
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(
@@ -186,9 +193,9 @@ class MultiTurnRollout:
         for i, context in enumerate(contexts):
             ids[i, width - len(context) :] = torch.tensor(context)
             mask[i, width - len(context) :] = 1
-        per_turn = self.settings.max_tokens_per_turn
+        per_turn = self.max_tokens_per_turn
         if per_turn is not None:
-            left = [min(n, int(per_turn)) for n in left]
+            left = [min(n, per_turn) for n in left]
         seed = None if params.seed is None else derive_seed(params.seed, "turn", turn)
         turn_params = SamplingParams(
             **{**params.__dict__, "n": 1, "max_new_tokens": max(left), "seed": seed}
@@ -242,8 +249,8 @@ class MultiTurnRollout:
             return
         messages = [self._bounded(m) for m in obs.messages]
         traj.user_turns += any(m.get("role") == "user" for m in messages)
-        limit = self.settings.max_user_turns
-        if limit is not None and traj.user_turns > int(limit):
+        limit = self.max_user_turns
+        if limit is not None and traj.user_turns > limit:
             traj.end_reason = END_MAX_USER_TURNS
             return
         ids = self.chat.observation_ids(messages, close=not turn.finished)
@@ -257,20 +264,20 @@ class MultiTurnRollout:
             return obs.end_reason or END_DONE
         if len(traj.tokens) >= self.budget:
             return END_TRUNCATED
-        limit = self.settings.max_assistant_turns
-        if limit is not None and traj.assistant_turns >= int(limit):
+        limit = self.max_assistant_turns
+        if limit is not None and traj.assistant_turns >= limit:
             return END_MAX_ASSISTANT_TURNS
         return None
 
     def _bounded(self, message: dict[str, Any]) -> dict[str, Any]:
         """A tool message's content cut to ``max_tool_response_length`` characters."""
         content = message.get("content")
-        cap = int(self.settings.max_tool_response_length)
+        cap = self.max_tool_response_length
         if message.get("role") != "tool" or not isinstance(content, str) or len(content) <= cap:
             return message
         return {
             **message,
-            "content": truncate(content, cap, str(self.settings.tool_response_truncate_side)),
+            "content": truncate(content, cap, self.tool_response_truncate_side),
         }
 
     async def _finish(self, traj: Trajectory) -> None:
@@ -286,6 +293,10 @@ class MultiTurnRollout:
         else:
             traj.result = EpisodeResult(reward=0.0)
             traj.metrics["finish_failed"] += 1
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def truncate(text: str, cap: int, side: str) -> str:
