@@ -3,11 +3,13 @@ node of a composed config (this package's sections mounted)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, ClassVar
 
 from zoo_inputs import actor_node
 
 from polyrl.api.testing import PolicyLossConformance
+from polyrl_loss_zoo.settings import RolloutCorrectionSettings
 
 
 class _ZooConformance(PolicyLossConformance):
@@ -58,3 +60,31 @@ class TestSapoConformance(_ZooConformance):
 class TestGeoMeanConformance(_ZooConformance):
     plugin_name = "geo_mean"
     check_gradient_sign = False
+
+
+def _correction(**settings: Any) -> dict[str, Any]:
+    """``policy_loss.rollout_correction`` in whole (the node's own values follow
+    ``algorithm.rollout_correction``, which a bare actor node lacks)."""
+    return {
+        "policy_loss": {
+            "rollout_correction": {
+                **asdict(RolloutCorrectionSettings()),
+                "bypass_mode": True,
+                **settings,
+            }
+        }
+    }
+
+
+class TestBypassPpoClipConformance(_ZooConformance):
+    plugin_name = "bypass_mode"
+    settings = _correction(
+        rollout_is="token", rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="0.6_1.6,2.5"
+    )
+
+
+class TestBypassReinforceConformance(_ZooConformance):
+    plugin_name = "bypass_mode"
+    settings = _correction(
+        rollout_is="sequence", rollout_is_batch_normalize=True, loss_type="reinforce"
+    )
