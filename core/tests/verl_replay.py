@@ -34,6 +34,10 @@ LOCAL_PATHS = {
     "reward_model.model.path": "builtin:tiny",
     "actor_rollout_ref.model.tokenizer_path": "null",
     "trainer.default_local_dir": "/tmp/polyrl-verl-replay",
+    # a saved LoRA adapter to start from (its adapter_config.json: validation reads no weights)
+    "actor_rollout_ref.model.lora_adapter_path": str(
+        Path(__file__).parent / "fixtures" / "verl_lora_adapter"
+    ),
     # a reward function file of verl's repository (every script names compute_score)
     "custom_reward_function.path": str(Path(__file__).parent / "fixtures" / "verl_reward.py"),
 }

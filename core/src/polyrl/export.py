@@ -39,6 +39,7 @@ from polyrl.checkpoint import (
 )
 from polyrl.errors import ConfigError
 from polyrl.fsutil import atomic_write_text, fsync_path
+from polyrl.lora import lora_rank
 
 EXPORT_RECORD = "polyrl_export.json"
 MERGED, ADAPTERS = "merged", "adapters"
@@ -187,7 +188,7 @@ def export_checkpoint(path: str, out: str | None = None, mode: str | None = None
     check_out(out, checkpoint)
     cfg = OmegaConf.create(checkpoint.config)  # the whole resolved config of the run
     model_cfg = cfg.actor_rollout_ref.model
-    is_lora = int(model_cfg.lora_rank or 0) > 0
+    is_lora = lora_rank(model_cfg) > 0
     mode = mode or MERGED
     if mode == ADAPTERS and not is_lora:
         raise ConfigError(

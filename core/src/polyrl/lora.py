@@ -22,22 +22,37 @@ With ``lora_rank > 0`` the actor trains low-rank adapters on frozen base weights
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any
+
+from polyrl.errors import ConfigError
 
 MODEL = "actor_rollout_ref.model"
 ALL_LINEAR = "all-linear"
+ADAPTER_KEY = f"{MODEL}.lora_adapter_path"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's saved LoraConfig in an adapter folder
 
 
 def lora_rank(model: Any) -> int:
-    """``lora_rank`` of the ``actor_rollout_ref.model`` node (0: LoRA off, or no installed
-    plugin declares the key)."""
+    """The LoRA rank of the ``actor_rollout_ref.model`` node: ``lora_rank``, or the saved
+    adapter's ``r`` with ``lora_adapter_path`` (0: LoRA off, or no installed plugin declares
+    the keys)."""
     return int(declared_rank(model))
 
 
 def declared_rank(model: Any) -> Any:
-    """``lora_rank`` of the ``actor_rollout_ref.model`` node as set, unchecked; 0 where no
-    installed plugin declares it."""
+    """The LoRA rank of the ``actor_rollout_ref.model`` node as set, unchecked: with
+    ``lora_adapter_path`` the saved adapter's ``r`` (0 where the adapter cannot be read:
+    :func:`lora_problems` says why), else ``lora_rank``; 0 where no installed plugin declares
+    it."""
+    path = adapter_path(model)
+    if path is not None:
+        try:
+            return saved_adapter(path).get("r", 0)
+        except ConfigError:
+            return 0
     try:
         rank = model.lora_rank
     except AttributeError:  # omegaconf's ConfigAttributeError: not in this schema
@@ -45,8 +60,70 @@ def declared_rank(model: Any) -> Any:
     return 0 if rank is None else rank
 
 
+def adapter_path(model: Any) -> str | None:
+    """verl's ``lora_adapter_path`` (a saved peft adapter folder to start LoRA from), ``~``
+    expanded; None where unset or not declared."""
+    try:
+        path = model.lora_adapter_path
+    except AttributeError:
+        return None
+    return None if path in (None, "") else os.path.expanduser(str(path))
+
+
+def saved_adapter(path: str) -> dict[str, Any]:
+    """peft's ``adapter_config.json`` of the adapter folder ``path`` (a LoRA adapter's); a
+    :class:`ConfigError` in one line when it is missing or not a LoRA adapter's."""
+    file = os.path.join(path, ADAPTER_CONFIG)
+    try:
+        with open(file) as handle:
+            saved = json.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{ADAPTER_KEY}={path!r} has no {ADAPTER_CONFIG}: give a folder saved by peft "
+            f"(save_pretrained of a LoRA model, or polyrl's LoRA export)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{ADAPTER_KEY}: {file} cannot be read ({exc})") from None
+    if not isinstance(saved, dict) or saved.get("peft_type", "LORA") != "LORA":
+        kind = saved.get("peft_type") if isinstance(saved, dict) else type(saved).__name__
+        raise ConfigError(
+            f"{ADAPTER_KEY}={path!r} holds a {kind} adapter, not a LoRA one; give a LoRA "
+            f"adapter folder"
+        )
+    return saved
+
+
+def lora_config(model: Any) -> dict[str, Any]:
+    """The actor's LoRA settings as peft's ``LoraConfig`` names them (``r``, ``lora_alpha``,
+    ``lora_dropout``, ``target_modules``, ``exclude_modules``), unchecked. Why one place: with
+    ``lora_adapter_path`` the saved adapter brings its own (its ``adapter_config.json``, as
+    verl's ``PeftModel.from_pretrained`` uses), and every reader (validation, the banner, the
+    engines) must see the same values."""
+    path = adapter_path(model)
+    if path is not None:
+        saved = saved_adapter(path)
+        return {
+            "r": saved.get("r"),
+            "lora_alpha": saved.get("lora_alpha"),
+            "lora_dropout": saved.get("lora_dropout", 0.0),
+            "target_modules": _targets(saved.get("target_modules"), saved=True),
+            "exclude_modules": _exclusions(saved.get("exclude_modules")),
+        }
+    return {
+        "r": declared_rank(model),
+        "lora_alpha": model.lora_alpha,
+        "lora_dropout": model.lora_dropout,
+        "target_modules": target_modules(model),
+        "exclude_modules": _exclusions(_plain(model.exclude_modules)),
+    }
+
+
 def lora_problems(model: Any) -> list[str]:
-    """One line per bad LoRA key of the ``actor_rollout_ref.model`` node ``model``."""
+    """One line per bad LoRA key of the ``actor_rollout_ref.model`` node ``model`` (or of the
+    saved adapter that ``lora_adapter_path`` names)."""
+    path = adapter_path(model)
+    if path is not None:
+        return _adapter_problems(model, path)
     rank = declared_rank(model)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         return [f"{MODEL}.lora_rank={rank!r} must be an integer >= 0 (0: LoRA off), e.g. 8"]
@@ -64,17 +141,66 @@ def lora_problems(model: Any) -> list[str]:
             f"{MODEL}.target_modules={_plain(model.target_modules)!r} must be {ALL_LINEAR} or a "
             f"non-empty list of module names, e.g. [q_proj,k_proj,v_proj,o_proj]"
         )
+    excluded = _plain(model.exclude_modules)
+    if excluded is not None and _exclusions(excluded) is None:
+        problems.append(
+            f"{MODEL}.exclude_modules={excluded!r} must be a regex (peft matches it against "
+            f"each module's full name) or a non-empty list of module names, e.g. [lm_head]"
+        )
+    return problems
+
+
+def _adapter_problems(model: Any, path: str) -> list[str]:
+    """A saved adapter to start from: readable, with a usable rank, alpha and targets; a
+    ``lora_rank`` set beside it must be the adapter's."""
+    try:
+        saved = lora_config(model)
+    except ConfigError as exc:
+        return [str(exc)]
+    where = f"the adapter {path}/{ADAPTER_CONFIG}"
+    problems = []
+    rank, alpha = saved["r"], saved["lora_alpha"]
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        problems.append(f"{where} has r={rank!r}; a LoRA adapter's rank is an integer > 0")
+    if not _number(alpha) or not math.isfinite(alpha) or alpha <= 0:
+        problems.append(f"{where} has lora_alpha={alpha!r}; it must be a number > 0")
+    if saved["target_modules"] is None:
+        problems.append(f"{where} names no target_modules")
+    try:
+        own = model.lora_rank
+    except AttributeError:
+        own = 0
+    if own not in (0, None, rank):
+        problems.append(
+            f"{MODEL}.lora_rank={own} differs from the rank {rank} of {ADAPTER_KEY}={path!r}; "
+            f"the adapter's settings are used (as in verl): drop lora_rank or set it to {rank}"
+        )
     return problems
 
 
 def target_modules(model: Any) -> str | list[str] | None:
     """``target_modules`` as peft takes it (``"all-linear"`` or a list of names); None when it
     is neither."""
-    value = _plain(model.target_modules)
-    if value == ALL_LINEAR:
-        return ALL_LINEAR
+    return _targets(_plain(model.target_modules))
+
+
+def _targets(value: Any, saved: bool = False) -> str | list[str] | None:
+    """Target modules as peft takes them; a string other than ``all-linear`` is one module name
+    on the command line, but peft's regex in a saved adapter (``saved``)."""
+    if value == ALL_LINEAR or (saved and isinstance(value, str) and value):
+        return value
     if isinstance(value, str):
         value = [value]
+    if isinstance(value, list | tuple) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    return None
+
+
+def _exclusions(value: Any) -> str | list[str] | None:
+    """verl's ``exclude_modules`` as peft takes it: a regex string or a list of module names;
+    None when unset (or unusable: :func:`lora_problems` says so)."""
+    if isinstance(value, str) and value:
+        return value
     if isinstance(value, list | tuple) and value and all(isinstance(v, str) and v for v in value):
         return list(value)
     return None
@@ -95,8 +221,14 @@ def describe_lora(cfg: Any, registry: Any = None) -> str | None:
     model = cfg.actor_rollout_ref.model
     if lora_rank(model) == 0:
         return None
-    targets = target_modules(model)
+    config = lora_config(model)
+    targets = config["target_modules"]
     shown = targets if isinstance(targets, str) else ",".join(targets or ["?"])
+    excluded = config["exclude_modules"]
+    if excluded:
+        shown += f" except {excluded if isinstance(excluded, str) else ','.join(excluded)}"
+    path = adapter_path(model)
+    start = f" from the adapter {path}" if path else ""
     rollout = str(cfg.actor_rollout_ref.rollout.name)
     spec = (registry or get_registry()).get(PluginKind.ROLLOUT_ENGINE, rollout).spec
     sync = (
@@ -105,9 +237,9 @@ def describe_lora(cfg: Any, registry: Any = None) -> str | None:
         else f"merged weights (rollout {rollout!r} takes no adapters)"
     )
     return (
-        f"LoRA: rank {model.lora_rank}, alpha {model.lora_alpha}, targets {shown}, dropout "
-        f"{model.lora_dropout}; reference = the actor's model with adapters disabled (no second "
-        f"copy); weight sync sends {sync}; checkpoints hold the adapters only"
+        f"LoRA{start}: rank {config['r']}, alpha {config['lora_alpha']}, targets {shown}, "
+        f"dropout {config['lora_dropout']}; reference = the actor's model with adapters "
+        f"disabled (no second copy); weight sync sends {sync}; checkpoints hold the adapters only"
     )
 
 

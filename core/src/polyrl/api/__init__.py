@@ -74,7 +74,7 @@ from polyrl.interfaces.training_engine import (
 )
 from polyrl.loggers.run_id import resumable_run_id, store_run_id, stored_run_id
 from polyrl.loggers.values import to_float_metrics
-from polyrl.lora import lora_problems, lora_rank, target_modules
+from polyrl.lora import adapter_path, lora_config, lora_problems, lora_rank, target_modules
 from polyrl.models.resolve import resolve_model_path
 from polyrl.registry import get_registry
 from polyrl.seeding import derive_seed
@@ -355,6 +355,7 @@ __all__ = [
     "WeightStreamChecker",
     "WeightSyncError",
     "WorkerPlan",
+    "adapter_path",
     "agg_loss",
     "assemble",
     "assemble_rollout",
@@ -379,6 +380,7 @@ __all__ = [
     "load_plain",
     "load_step_state",
     "looks_local",
+    "lora_config",
     "lora_problems",
     "lora_rank",
     "masked_mean",

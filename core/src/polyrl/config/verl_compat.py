@@ -188,12 +188,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     ),
     "critic.model.lora*": Refused("a LoRA critic", "full fine-tuning of the critic"),
     "critic.model.target_modules": Refused("a LoRA critic", "full fine-tuning of the critic"),
-    "actor_rollout_ref.model.lora_adapter_path": Refused(
-        "starting LoRA from a saved adapter", "a fresh adapter (lora_rank)"
-    ),
-    "actor_rollout_ref.model.exclude_modules": Refused(
-        "LoRA module exclusions", "actor_rollout_ref.model.target_modules"
-    ),
     "*.model.external_lib": Refused("importing a module to register models", "remove it"),
     "*.model.hf_config_path": Refused("a separate model config folder", "remove it"),
     "*.model.enable_activation_offload": Refused(

@@ -33,28 +33,39 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
     """``model`` wrapped by peft with fresh adapters (``B = 0``: the wrapped model computes what
-    ``model`` did); only the adapters require grad."""
-    from peft import LoraConfig, get_peft_model
+    ``model`` did), or with ``lora.adapter_path``'s saved adapters (verl's
+    ``lora_adapter_path``: training continues from them); only the adapters require grad.
+    ``lora.exclude_modules`` leaves the matching modules without an adapter."""
+    from peft import LoraConfig, PeftModel, get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     targets = (
         lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     )
-    config = LoraConfig(
-        task_type="CAUSAL_LM",
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=targets,
-        bias="none",
-    )
+    excluded = lora.exclude_modules
     try:
-        peft_model = get_peft_model(model, config)
-    except ValueError as exc:  # peft: no module matched target_modules
+        if lora.adapter_path is not None:
+            peft_model = PeftModel.from_pretrained(
+                model, lora.adapter_path, adapter_name=ADAPTER, is_trainable=True
+            )
+        else:
+            config = LoraConfig(
+                task_type="CAUSAL_LM",
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=targets,
+                exclude_modules=excluded if isinstance(excluded, str | None) else list(excluded),
+                bias="none",
+            )
+            peft_model = get_peft_model(model, config)
+    except ValueError as exc:  # peft: no module matched target_modules (less exclusions)
+        less = f" less exclude_modules={excluded!r}" if excluded else ""
+        source = f" (the adapter {lora.adapter_path}'s)" if lora.adapter_path else ""
         raise ConfigError(
-            f"actor_rollout_ref.model.target_modules={targets!r} selects no layer of "
-            f"{type(model).__name__} ({' '.join(str(exc).split())[:300]}); use all-linear or "
+            f"actor_rollout_ref.model.target_modules={targets!r}{less}{source} selects no layer "
+            f"of {type(model).__name__} ({' '.join(str(exc).split())[:300]}); use all-linear or "
             f"names of its linear layers, e.g. [q_proj,v_proj]"
         ) from exc
     other = sorted(

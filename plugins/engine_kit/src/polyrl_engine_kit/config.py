@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from polyrl.api import ConfigError, lora_rank, schema_node, target_modules
+from polyrl.api import ConfigError, adapter_path, lora_config, lora_rank, schema_node
 from polyrl_engine_kit.checks import (
     AUTO_SWITCH,
     DTYPES,
@@ -58,26 +58,32 @@ class OptimSettings:
 @dataclass(frozen=True)
 class LoraSettings:
     """``actor_rollout_ref.model.lora_rank`` and its siblings: a LoRA actor's adapters (see
-    :mod:`.lora`)."""
+    :mod:`.lora`); with ``adapter_path`` (verl's ``lora_adapter_path``) the saved adapter's
+    settings, and its weights to start from."""
 
     rank: int
     alpha: float
-    target_modules: str | tuple[str, ...]  # "all-linear" or module names
+    target_modules: str | tuple[str, ...]  # "all-linear", a saved adapter's regex, or names
     dropout: float
     export_merged: bool
+    exclude_modules: str | tuple[str, ...] | None = None  # a regex or names; None: none
+    adapter_path: str | None = None
 
 
 def lora_settings(model: Any) -> LoraSettings | None:
     """The LoRA settings of a checked ``actor_rollout_ref.model`` node; None with LoRA off."""
     if lora_rank(model) == 0:
         return None
-    targets = target_modules(model)
+    config = lora_config(model)
+    targets, excluded = config["target_modules"], config["exclude_modules"]
     return LoraSettings(
-        rank=lora_rank(model),
-        alpha=float(model.lora_alpha),
+        rank=int(config["r"]),
+        alpha=float(config["lora_alpha"]),
         target_modules=targets if isinstance(targets, str) else tuple(targets or ()),
-        dropout=float(model.lora_dropout),
+        dropout=float(config["lora_dropout"]),
         export_merged=bool(model.export_merged_lora),
+        exclude_modules=excluded if isinstance(excluded, str | None) else tuple(excluded),
+        adapter_path=adapter_path(model),
     )
 
 

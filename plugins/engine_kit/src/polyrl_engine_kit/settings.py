@@ -27,15 +27,21 @@ class LoraModelSettings:
     """LoRA on the actor. ``lora_rank`` 0: full fine-tuning. With LoRA the reference is the same
     model with its adapters off, and weight sync sends merged weights (or the adapters, to a
     rollout engine whose plugin declares ``supports_lora_adapters``). The update is scaled by
-    ``lora_alpha / lora_rank``; ``target_modules`` is a list of module names or ``all-linear``.
-    With LoRA the HF export (``trainer.export_hf_model``) is the adapter folder;
+    ``lora_alpha / lora_rank``; ``target_modules`` is a list of module names or ``all-linear``;
+    ``exclude_modules`` (verl's, peft's): modules left without an adapter among those
+    targeted, a regex matched against the full module name or a list of names.
+    ``lora_adapter_path`` (verl's): a saved peft adapter folder to start from, its weights and
+    its rank, alpha, dropout, targets and exclusions (``adapter_config.json``; ``lora_rank``
+    may stay 0). With LoRA the HF export (``trainer.export_hf_model``) is the adapter folder;
     ``export_merged_lora``: also the merged model (base + adapters) in its subfolder
     ``merged/``."""
 
     lora_rank: int = 0
     lora_alpha: float = 16.0
     target_modules: Any = "all-linear"
+    exclude_modules: Any = None
     lora_dropout: float = 0.0
+    lora_adapter_path: Any = None
     export_merged_lora: bool = False
 
 
