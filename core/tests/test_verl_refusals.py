@@ -119,11 +119,26 @@ def test_tensorrt_llm_rollout_is_a_verl_feature_refusal_naming_the_engines() -> 
     assert any("unknown rollout_engine 'vlm'" in p for p in validate_config(cfg))
 
 
-def test_groups_of_one_are_refused_as_verls_raw_score_advantage() -> None:
+def test_grpo_takes_groups_of_one_as_verl_with_a_notice(caplog) -> None:
+    """GRPO with rollout.n=1: verl's raw-score advantage (mean 0, std 1 for a group of one),
+    said once; an estimator that defines no group of one (RLOO) still refuses n=1."""
+    import logging
+
     cfg = load_config(
         ["recipe=tiny", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"]
     )
-    found = [p for p in validate_config(cfg) if "groups of one" in p]
+    with caplog.at_level(logging.WARNING):
+        assert not [p for p in validate_config(cfg) if "group" in p]
+    noticed = [r.getMessage() for r in caplog.records if "group of one" in r.getMessage()]
+    assert len(noticed) == 1
+    assert noticed[0].startswith(
+        "algorithm.adv_estimator='grpo' with actor_rollout_ref.rollout.n=1: each prompt is a "
+        "group of one, which has no baseline: its advantage is its raw score"
+    )
+    rloo = load_config(
+        ["recipe=tiny", "algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"]
+    )
+    found = [p for p in validate_config(rloo) if "groups of one" in p]
     assert len(found) == 1 and NOT_SUPPORTED in found[0]
 
 

@@ -228,12 +228,15 @@ class AdvantageEstimatorSpec(_Spec):
 
     ``requires`` lists the batch keys it reads (``values`` for GAE, a baseline for ReMax): the
     step's chain check makes sure an earlier stage provides each. ``requires_groups``: it
-    compares samples of one prompt, so ``actor_rollout_ref.rollout.n`` must be at least 2.
+    compares samples of one prompt, so ``actor_rollout_ref.rollout.n`` must be at least 2,
+    unless ``groups_of_one`` says what a group of one sample gets (verl's GRPO: the raw score,
+    no baseline): then ``n=1`` is accepted with a notice quoting it.
     """
 
     fn: Callable[..., Any] | str = ""
     requires: tuple[str, ...] = ESTIMATOR_KEYS
     requires_groups: bool = False
+    groups_of_one: str | None = None
     config_class: type | str | None = None
 
     def capability_flags(self) -> dict[str, Any]:

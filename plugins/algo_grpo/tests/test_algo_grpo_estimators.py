@@ -59,11 +59,12 @@ def test_grpo_normalised_by_group_std():
     # "a": mean 0.5; unbiased var = (4 * 0.25) / 3 = 1/3, std 0.5773503
     #      -> +-0.5 / (0.5773503 + 1e-6) = +-0.8660239
     # "b": mean 1; var = (1 + 1 + 0) / 2 = 1, std 1 -> [1, -1, 0] / (1 + 1e-6)
-    # "c": singleton -> 0 ; "d": equal scores, std 0 -> 0 / 1e-6 = 0
+    # "c": singleton: mean 0, std 1 as in verl -> 5 / (1 + 1e-6)
+    # "d": equal scores, std 0 -> 0 / 1e-6 = 0
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     assert a == pytest.approx(0.8660239, rel=1e-6)
     b = 1 / (1 + 1e-6)
-    expected = [a, b, -a, 0.0, -b, -a, 0.0, 0.0, a, 0.0]
+    expected = [a, b, -a, 5 * b, -b, -a, 0.0, 0.0, a, 0.0]
     got = _run(grpo_advantage, algorithm_config(norm_adv_by_std_in_grpo=True))
     assert got == pytest.approx(expected, rel=1e-6, abs=1e-7)
 
@@ -75,9 +76,28 @@ def test_grpo_default_config_normalises_by_std():
 
 def test_grpo_without_std():
     cfg = algorithm_config(norm_adv_by_std_in_grpo=False)
-    # score - group mean: "a" +-0.5, "b" [1, -1, 0]
-    expected = [0.5, 1.0, -0.5, 0.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
+    # score - group mean: "a" +-0.5, "b" [1, -1, 0], the singleton "c" its raw score 5
+    expected = [0.5, 1.0, -0.5, 5.0, -1.0, -0.5, 0.0, 0.0, 0.5, 0.0]
     assert _run(grpo_advantage, cfg) == pytest.approx(expected, abs=1e-7)
+
+
+@pytest.mark.parametrize("by_std", [True, False])
+def test_grpo_with_groups_of_one_gives_the_raw_score_as_verl(by_std):
+    """rollout.n=1: every prompt is its own group; verl's compute_grpo_outcome_advantage takes
+    mean 0 and std 1 there, so the advantage is the score (over 1 + 1e-6 with the std)."""
+    scores = torch.tensor([1.0, 0.0, -0.5, 2.0])
+    rewards = torch.zeros(4, 3)
+    rewards[:, 1] = scores
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=torch.float32)
+    cfg = algorithm_config(norm_adv_by_std_in_grpo=by_std)
+    adv, returns = grpo_advantage(_batch(rewards, mask, np.array(["p", "q", "r", "s"])), cfg)
+    expected = scores / (1 + 1e-6) if by_std else scores
+    torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask)
+    torch.testing.assert_close(returns, adv)
+    # the other estimators keep a group of one neutral (and need n >= 2)
+    for fn in (drgrpo_advantage, rloo_advantage):
+        other, _ = fn(_batch(rewards, mask, np.array(["p", "q", "r", "s"])), cfg)
+        assert torch.all(other == 0)
 
 
 def test_drgrpo_never_divides_by_std():
@@ -193,8 +213,8 @@ def test_random_groups_match_a_statistics_module_reference(seed):
     rloo, _ = rloo_advantage(batch, algorithm_config())
     for row, (g, s) in enumerate(zip(ids, scores)):
         group = [scores[k] for k, h in enumerate(ids) if h == g]
-        if len(group) == 1:
-            expected_grpo = expected_rloo = 0.0
+        if len(group) == 1:  # GRPO as verl: mean 0, std 1; RLOO: no others, 0
+            expected_grpo, expected_rloo = s / (1 + 1e-6), 0.0
         else:
             mean = statistics.fmean(group)
             expected_grpo = (s - mean) / (statistics.stdev(group) + 1e-6)

@@ -6,13 +6,14 @@ score is compared within its group (rows sharing a ``uid``), and the resulting s
 broadcast to every response token (zero on padding). ``returns`` equal the advantages: there is
 no value function to fit.
 
-Groups of one sample: there is nothing to compare with, so the advantage is 0 and the sample
-contributes no policy gradient. This is the limit of the formulas (the group mean of one score is
-the score itself; RLOO has no "others"). verl instead uses mean 0 / std 1 for a singleton, i.e.
-the raw score as advantage -- a REINFORCE term without baseline whose sign follows the reward's
-offset (with 0/1 rewards it can only push probabilities up), unlike every other sample of the
-batch. Singletons arise only by accident (``rollout.n`` must be >= 2 for these estimators;
-filtering can leave one sample), so we keep them neutral.
+Groups of one sample: there is nothing to compare with. GRPO does as verl's
+``compute_grpo_outcome_advantage`` does: a group of one has mean 0 and std 1, so its advantage is
+its raw score (over ``1 + 1e-6`` with the std) -- a REINFORCE term without baseline whose sign
+follows the reward's offset (with 0/1 rewards it can only push probabilities up). That is what a
+verl user running GRPO with ``rollout.n=1`` gets, and ``polyrl validate`` says so in a notice
+(``polyrl_algo_grpo.plugin.GROUPS_OF_ONE``). The other estimators here give a group of one 0,
+the limit of their formulas (the group mean of one score is the score itself; RLOO has no
+"others"), and need ``rollout.n >= 2``.
 """
 
 from __future__ import annotations
@@ -44,18 +45,22 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
 
 
 def group_outcome_advantage(
-    batch: Batch, centre: Callable[[torch.Tensor, GroupStats], torch.Tensor]
+    batch: Batch,
+    centre: Callable[[torch.Tensor, GroupStats], torch.Tensor],
+    singletons: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The frame every estimator here shares: one float64 score per response, the statistics of
-    its group (``batch["uid"]``), ``centre(scores, stats)`` (the estimator's own formula) with
-    singletons set to 0, broadcast to the response tokens (0 on padding); ``returns`` equal the
-    advantages."""
+    its group (``batch["uid"]``), ``centre(scores, stats)`` (the estimator's own formula; for a
+    group of one it is used with ``singletons``, else such a group gets 0), broadcast to the
+    response tokens (0 on padding); ``returns`` equal the advantages."""
     token_level_rewards = batch["token_level_rewards"]
     response_mask = batch["response_mask"]
     _check(token_level_rewards, response_mask)
     scores = _scores(token_level_rewards, response_mask).to(torch.float64)
     stats = group_stats(scores, batch["uid"])
-    centred = torch.where(stats.size > 1, centre(scores, stats), 0.0)
+    centred = centre(scores, stats)
+    if not singletons:
+        centred = torch.where(stats.size > 1, centred, 0.0)
     dtype = token_level_rewards.dtype
     adv = centred.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
     return adv, adv.clone()
@@ -67,15 +72,17 @@ def grpo_advantage(batch: Batch, config: Any) -> tuple[torch.Tensor, torch.Tenso
     or ``s - mean_g`` when ``algorithm.norm_adv_by_std_in_grpo`` is false.
 
     A group whose scores are all equal (all right, all wrong) gets advantage 0: it carries no
-    signal. A singleton group gets 0 (see the module doc).
+    signal. A group of one has mean 0 and std 1, as in verl: its advantage is its raw score
+    (see the module doc).
     """
     by_std = bool(config.norm_adv_by_std_in_grpo)
 
     def centre(scores: torch.Tensor, stats: GroupStats) -> torch.Tensor:
-        centred = scores - stats.mean
-        return centred / (stats.std + GRPO_EPSILON) if by_std else centred
+        one = stats.size == 1
+        centred = scores - torch.where(one, 0.0, stats.mean)
+        return centred / (torch.where(one, 1.0, stats.std) + GRPO_EPSILON) if by_std else centred
 
-    return group_outcome_advantage(batch, centre)
+    return group_outcome_advantage(batch, centre, singletons=True)
 
 
 @torch.no_grad()

@@ -11,6 +11,13 @@ from polyrl_algo_grpo.dapo_settings import KEY_ALIASES as DAPO_ALIASES
 from polyrl_algo_grpo.gdpo_settings import CONFIG_SECTIONS as GDPO_SECTIONS
 
 _ADV = "polyrl_algo_grpo.advantages"
+#: What GRPO gives a group of one sample (``AdvantageEstimatorSpec.groups_of_one``): the notice
+#: ``polyrl validate`` prints for ``rollout.n=1`` (``advantages.grpo_advantage`` does it).
+GROUPS_OF_ONE = (
+    "its advantage is its raw score (verl's GRPO takes mean 0 and std 1 for a group of one), "
+    "so a reward that is never negative only pushes probabilities up; rollout.n >= 2 compares "
+    "samples of a prompt"
+)
 _VARIANTS = "polyrl_algo_grpo.group_variants"
 _OTB = "polyrl_algo_grpo.optimal_token_baseline"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync), with DAPO's
@@ -101,6 +108,7 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
         "algorithm.norm_adv_by_std_in_grpo=false drops the std",
         fn=f"{_ADV}:grpo_advantage",
         requires_groups=True,
+        groups_of_one=GROUPS_OF_ONE,
     )
     for name in ("drgrpo", "dr_grpo"):
         yield AdvantageEstimatorSpec(
@@ -123,6 +131,7 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
         description="GRPO (verl's vectorised name): (score - group mean) / (group std + 1e-6)",
         fn=f"{_ADV}:grpo_advantage",
         requires_groups=True,
+        groups_of_one=GROUPS_OF_ONE,
     )
     yield AdvantageEstimatorSpec(
         name="grpo_passk",

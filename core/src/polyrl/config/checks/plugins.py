@@ -115,16 +115,30 @@ def check_selection(checker: Checker) -> dict[str, Registration]:
 
 
 # ---- capabilities ------------------------------------------------------------------------------
+def _check_groups_of_one(checker: Checker, estimator: Registration, n: Any) -> None:
+    """``rollout.n`` below 2 for a group estimator: each prompt is a group of one. An estimator
+    that defines what such a group gets (``groups_of_one``, verl's GRPO: the raw score) is
+    accepted with a notice saying so; any other is refused."""
+    singles = getattr(estimator.spec, "groups_of_one", None)
+    if singles:
+        checker.notice(
+            f"algorithm.adv_estimator={estimator.name!r} with actor_rollout_ref.rollout.n={n}: "
+            f"each prompt is a group of one, which has no baseline: {singles}"
+        )
+        return
+    checker.add(
+        f"algorithm.adv_estimator={estimator.name!r} compares samples of one prompt, so it "
+        f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): n={n} asks for groups of one, "
+        f"whose raw score verl takes as the advantage (no baseline; here a group of one "
+        f"gets 0) (verl); {NOT_SUPPORTED}: set actor_rollout_ref.rollout.n=4, for example"
+    )
+
+
 def check_capabilities(checker: Checker, selected: dict[str, Registration]) -> None:
     estimator = selected.get(PluginKind.ADVANTAGE_ESTIMATOR.config_key)
     n = checker.get("actor_rollout_ref.rollout.n")
     if estimator is not None and estimator.spec.requires_groups and is_number(n) and n < 2:
-        checker.add(
-            f"algorithm.adv_estimator={estimator.name!r} compares samples of one prompt, so it "
-            f"needs actor_rollout_ref.rollout.n >= 2 (got {n}): n={n} asks for groups of one, "
-            f"whose raw score verl takes as the advantage (no baseline; here a group of one "
-            f"gets 0) (verl); {NOT_SUPPORTED}: set actor_rollout_ref.rollout.n=4, for example"
-        )
+        _check_groups_of_one(checker, estimator, n)
     loss = selected.get(PluginKind.POLICY_LOSS.config_key)
     cap = checker.get("actor_rollout_ref.actor.tis_imp_ratio_cap")
     level = getattr(loss.spec, "level", None) if loss is not None else None
