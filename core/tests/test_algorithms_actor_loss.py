@@ -76,6 +76,28 @@ def test_a_policy_losss_metric_with_its_own_group_keeps_its_name():
     assert "actor/rollout_corr/kl" not in metrics
 
 
+def test_rollout_is_weights_in_the_batch_weigh_a_token_level_policy_loss():
+    """verl's decoupled rollout correction: a stage puts them in the batch, every loss obeys."""
+    weights = torch.tensor([[0.5, 2.0]])
+    batch = Batch(
+        {
+            "old_log_probs": torch.zeros(1, 2),
+            "advantages": torch.ones(1, 2),
+            "response_mask": torch.ones(1, 2),
+            "rollout_is_weights": weights,
+        }
+    )
+    loss, _ = make_actor_loss_fn(actor_config(), vanilla_policy_loss)(
+        batch, torch.zeros(1, 2), None
+    )
+    assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)  # on-policy PPO loss is -A per token
+    sequence_loss = make_actor_loss_fn(
+        actor_config(), lambda b, lp, c: (lp.sum(-1), {}), "sequence"
+    )
+    with pytest.raises(ValueError, match="rollout_is_weights and the policy loss is sequence"):
+        sequence_loss(batch, torch.zeros(1, 2), None)
+
+
 def test_kl_loss_needs_reference_log_probs():
     batch = Batch(
         {

@@ -10,7 +10,14 @@ import pytest
 from polyrl.config import load_config
 from polyrl.errors import PolyrlError
 from polyrl.plan import assemble
-from polyrl.specs import AdvantageEstimatorSpec, PluginKind, PolicyLossSpec, RewardProviderSpec
+from polyrl.specs import (
+    AdvantageEstimatorSpec,
+    LoggerSpec,
+    PluginKind,
+    PolicyLossSpec,
+    RewardProviderSpec,
+)
+from polyrl.step import Stage
 from polyrl.workers.worker_plan import WorkerPlan
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "polyrl"
@@ -139,3 +146,47 @@ def test_a_reward_providers_roles_are_placed_and_reach_the_workers(register_plug
     assert plan.plugins["critic.strategy"].name == "fsdp2"
     own = [*base, "trainer.role_pools.grader=grading", "trainer.resource_pools.grading=1"]
     assert assemble(load_config(own)).pools["grading"] == (1, ("grader",))
+
+
+class _Marker(Stage):
+    name = "marker"
+    requires = ("old_log_probs",)
+    provides = ("marks",)
+
+    def run(self, state, ctx) -> None:  # pragma: no cover - never run here
+        raise AssertionError
+
+
+def _add_marker(cfg, pipeline) -> None:
+    if cfg.trainer.total_epochs == 3:  # stands for the plugin's own key asking for it
+        pipeline.insert_before("adv", _Marker())
+        pipeline["update_actor"].send("marks")
+
+
+def _broken_edit(cfg, pipeline) -> None:
+    raise KeyError("oops")
+
+
+def _editing_logger(name: str, edit) -> LoggerSpec:
+    return LoggerSpec(
+        name=name,
+        description="edits",
+        logger="polyrl.loggers.console:ConsoleLogger",
+        edit_step=edit,
+    )
+
+
+def test_an_installed_plugin_edits_the_step_of_any_algorithm(register_plugin) -> None:
+    register_plugin(_editing_logger("marking", _add_marker))
+    plan = assemble(load_config(["recipe=grpo", "trainer.total_epochs=3"]))
+    names = plan.pipeline.names()
+    assert names.index("marker") == names.index("adv") - 1
+    assert "marks" in plan.pipeline["update_actor"].requires  # kept through bind
+    assert plan.problems == []
+    assert "marker" not in assemble(load_config(["recipe=grpo"])).pipeline.names()
+
+
+def test_a_failing_step_edit_names_its_package(register_plugin) -> None:
+    register_plugin(_editing_logger("broken_edit", _broken_edit))
+    with pytest.raises(PolyrlError, match=r"'broken_edit' .* failed to edit the step .*KeyError"):
+        assemble(load_config(["recipe=tiny"]))

@@ -82,6 +82,26 @@ def _build_pipeline(cfg: Any, algorithm: Registration) -> StepPipeline:
     return pipeline
 
 
+def _edit_step(cfg: Any, pipeline: StepPipeline, registry: Registry) -> None:
+    """Every installed plugin's ``edit_step`` (:class:`polyrl.specs._Spec`) on the step: a
+    feature a plugin's keys turn on for whatever algorithm is selected."""
+    from polyrl.specs import resolve_object
+
+    for reg in registry.all():
+        edit = getattr(reg.spec, "edit_step", None)
+        if edit is None:
+            continue
+        try:
+            resolve_object(edit)(cfg, pipeline)
+        except PolyrlError:
+            raise
+        except Exception as exc:  # a plugin bug, named with its package
+            raise PolyrlError(
+                f"the plugin {reg.name!r} ({reg.provenance.distribution}) failed to edit the "
+                f"step ({type(exc).__name__}: {exc}); report it to {reg.provenance.distribution}"
+            ) from exc
+
+
 def build_pipeline(cfg: Any, registry: Registry | None = None) -> StepPipeline:
     """The step of the algorithm ``cfg`` selects, its stages bound to the selected plugins (the
     pipeline of :func:`assemble`, without the chain check and the pools)."""
@@ -252,6 +272,7 @@ def assemble(cfg: Any, registry: Registry | None = None, *, check: bool = True) 
     algorithm = _select_algorithm_of(cfg, registry)
     plugins = select_plugins(cfg, registry, algorithm)
     pipeline = _build_pipeline(cfg, algorithm)
+    _edit_step(cfg, pipeline, registry)
     plan = RunPlan(cfg=cfg, algorithm=algorithm, plugins=plugins, pipeline=pipeline)
     pipeline.bind(plan)
     pipeline.add_roles(plan.reward_roles())

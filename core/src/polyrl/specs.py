@@ -108,6 +108,14 @@ class _Spec:
     shows it), and one the user set to another value is refused in one line quoting
     ``because`` (the setting that implies it). Keep it light, like a ``config_check``.
 
+    ``edit_step`` (a callable or import string) is ``edit_step(cfg, pipeline) -> None``: an
+    edit of the selected algorithm's step for a feature this plugin's keys turn on whatever
+    the algorithm (verl's decoupled rollout correction adds a stage before ``adv``). It is
+    called for every installed plugin after the algorithm builds its step and before the stages
+    are bound, in ``polyrl validate`` too: light, and the step is left alone unless the
+    plugin's own keys ask for the feature. A setting it cannot honour raises
+    :class:`~polyrl.errors.ConfigError` (one line).
+
     ``api_version`` is the range of :data:`API_VERSION` the plugin was written for, as a PEP 440
     specifier (``">=1.0,<2"``). Outside it, or when it is not a valid specifier, the registration
     is listed as ``incompatible`` and selecting it fails before anything starts, naming the
@@ -124,6 +132,7 @@ class _Spec:
     implies: Callable[[Any], Mapping[str, tuple[Any, str]]] | str | None = field(
         default=None, kw_only=True
     )
+    edit_step: Callable[[Any, Any], None] | str | None = field(default=None, kw_only=True)
     api_version: str | None = field(default=None, kw_only=True)
 
     def capability_flags(self) -> dict[str, Any]:

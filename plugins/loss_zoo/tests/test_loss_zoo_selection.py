@@ -33,7 +33,7 @@ def test_verls_keys_and_defaults():
         (["loss_mode=clip_cov", "clip_cov_ratio=0"], "clip_cov_ratio=0.0 must be > 0"),
         (["loss_mode=clip_cov", "clip_cov_lb=6"], "clip_cov_lb=6.0 must be below clip_cov_ub"),
         (["loss_mode=kl_cov", "kl_cov_ratio=-1"], "kl_cov_ratio=-1.0 must be > 0"),
-        (["loss_mode=bypass_mode"], "verl's decoupled rollout correction"),
+        (["loss_mode=bypass_mode"], "verl's rollout correction in bypass mode"),
     ],
 )
 def test_bad_settings_are_one_line(overrides, expected):

@@ -15,8 +15,10 @@ from omegaconf import OmegaConf
 from zoo_inputs import ADV, LENGTHS, NEW_P, OLD_P, actor_node, batch_and_log_prob, tokens
 
 from polyrl.api import Batch, ConfigError, agg_loss
+from polyrl.api.testing import run_stage
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
+from polyrl.plan import build_pipeline
 from polyrl_loss_zoo.bypass import bypass_mode_policy_loss
 from polyrl_loss_zoo.correction import rollout_correction
 from polyrl_loss_zoo.correction_config import Correction, parse_correction, parse_criteria
@@ -341,7 +343,19 @@ def test_verls_defaults_select_nothing():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ([f"{RC}.rollout_is=token"], "asks for verl's decoupled rollout correction"),
+        (
+            [f"{RC}.rollout_is=token", "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"],
+            "is verl's rollout correction in bypass mode: set algorithm.rollout_correction.bypass",
+        ),
+        (
+            [f"{RC}.rollout_is=token", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"],
+            "rollout_is=token corrects for the rollout's policy already",
+        ),
+        (
+            [f"{RC}.rollout_is=sequence", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"],
+            "the policy loss actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean is sequence",
+        ),
+        ([f"{RC}.rollout_rs=seq_max_k1", f"{RC}.rollout_rs_threshold=2"], "seq_max_k1"),
         ([f"{RC}.bypass_mode=true", f"{RC}.rollout_is=tokens"], "rollout_is='tokens'"),
         ([f"{RC}.bypass_mode=true", f"{RC}.loss_type=gpg"], "use ppo_clip or reinforce"),
         (
@@ -360,7 +374,7 @@ def test_what_polyrl_cannot_run_is_one_line(overrides, expected):
 
 
 def test_another_loss_mode_conflicts_with_bypass():
-    with pytest.raises(ConfigError, match=r"loss_mode=gspo conflicts with .*bypass_mode=True"):
+    with pytest.raises(ConfigError, match=r"loss_mode=gspo conflicts with .*bypass_mode=true"):
         load_config(
             [
                 "recipe=tiny",
@@ -368,3 +382,47 @@ def test_another_loss_mode_conflicts_with_bypass():
                 "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
             ]
         )
+
+
+# ---- decoupled mode: a stage before adv, weights on the selected loss --------------------------
+DECOUPLED = [
+    f"{RC}.rollout_is=sequence",
+    f"{RC}.rollout_is_batch_normalize=true",
+    f"{RC}.rollout_rs=token_k1",
+    f"{RC}.rollout_rs_threshold='0.6_1.6'",
+]
+
+
+def test_decoupled_mode_adds_a_stage_before_adv_and_keeps_the_loss():
+    cfg = load_config(["recipe=grpo", *DECOUPLED])
+    assert validate_config(cfg) == []
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    step = build_pipeline(cfg)
+    names = step.names()
+    assert names.index("old_log_prob") < names.index("rollout_correction") < names.index("adv")
+    assert "rollout_is_weights" in step["update_actor"].requires
+
+
+def test_without_settings_the_step_is_verls_standard_one():
+    assert "rollout_correction" not in build_pipeline(load_config(["recipe=grpo"])).names()
+
+
+def test_the_stage_weighs_the_old_policy_against_the_rollout_over_the_whole_batch():
+    batch, _ = batch_and_log_prob()
+    batch["rollout_log_probs"] = batch["old_log_probs"]
+    batch["old_log_probs"] = batch_and_log_prob()[1].detach()  # NEW_P as the recomputed policy
+    stage = build_pipeline(load_config(["recipe=grpo", *DECOUPLED]))["rollout_correction"]
+    state = run_stage(stage, batch)
+    products = [math.prod(ratio(i, t) for i, t in row_tokens(i)) for i in ROWS]
+    kept = torch.zeros(3, 3)  # token_k1 0.6_1.6: ratios 0.5 and 6 fall out
+    for i, t in tokens():
+        kept[i, t] = float(math.log(0.6) <= k1(i, t) <= math.log(1.6))
+    torch.testing.assert_close(state.batch["response_mask"], kept)
+    # normalised by the mean over responses of the truncated weights, before rejection
+    truncated = [min(p, 2.0) for p in products]
+    factor = sum(truncated) / 3
+    weights = state.batch["rollout_is_weights"]
+    for i, t in tokens():
+        assert float(weights[i, t]) == approx(truncated[i] / factor)
+    assert state.metrics["rollout_corr/rollout_is_batch_norm_factor"] == approx(factor)
+    assert state.metrics["rollout_corr/rollout_rs_masked_fraction"] == approx(2 / 6)

@@ -1,7 +1,8 @@
 """End to end: verl's two rollout-correction examples (examples/rollout_correction/*.sh), their
-``algorithm.rollout_correction.*`` lines as written, train the tiny_digits task and learn, in
-one process without Ray (``IN_PROCESS_OVERRIDES``). Four mini-batches per step make the later
-ones off-policy to the rollout, so the weights and the rejection have something to correct."""
+``algorithm.rollout_correction.*`` lines as written, and the decoupled mode train the
+tiny_digits task and learn, in one process without Ray (``IN_PROCESS_OVERRIDES``). Four
+mini-batches per step make the later ones off-policy to the rollout, so the weights and the
+rejection have something to correct."""
 
 from __future__ import annotations
 
@@ -44,16 +45,35 @@ EXAMPLES = {
         f"{RC}.bypass_mode=true",
         f"{RC}.loss_type=ppo_clip",
     ),
+    # the decoupled mode (bypass_mode=false): a stage before adv, the weights on vanilla PPO
+    "grpo-decoupled": (
+        f"{RC}.rollout_is=sequence",
+        f"{RC}.rollout_is_batch_normalize=true",
+        f"{RC}.rollout_rs='token_k1,seq_max_k2'",
+        f"{RC}.rollout_rs_threshold='0.6_1.6,2.5'",
+    ),
+}
+IS_METRICS = ("rollout_corr/rollout_is_mean", "rollout_corr/kl", "rollout_corr/chi2_token")
+RS_METRICS = ("rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_token_k1_mean")
+METRICS = {
+    "rloo": (*IS_METRICS, "rollout_corr/rollout_is_batch_norm_factor"),
+    "grpo": (*IS_METRICS, *RS_METRICS),
+    "grpo-decoupled": (
+        *IS_METRICS,
+        *RS_METRICS,
+        "rollout_corr/rollout_is_batch_norm_factor",
+        "timing_s/rollout_correction",
+    ),
 }
 
 
-@pytest.mark.parametrize("recipe", sorted(EXAMPLES))
-def test_verls_example_trains_and_logs_verls_metrics(recipe: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_verls_example_trains_and_logs_verls_metrics(example: str, tmp_path: Path) -> None:
     proc = run_polyrl(
         ENV,
         "train",
-        f"recipe={recipe}",
-        *EXAMPLES[recipe],
+        f"recipe={example.split('-')[0]}",
+        *EXAMPLES[example],
         *MINI_BATCHES,
         *IN_PROCESS_OVERRIDES,
         "trainer.logger=[jsonl]",
@@ -64,16 +84,11 @@ def test_verls_example_trains_and_logs_verls_metrics(recipe: str, tmp_path: Path
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     before, steps = records[0], records[1:]
     assert steps[-1][VAL_REWARD] > before[VAL_REWARD] + MIN_GAIN
-    names = ["rollout_corr/rollout_is_mean", "rollout_corr/kl", "rollout_corr/chi2_token"]
-    if recipe == "grpo":
-        names += [
-            "rollout_corr/rollout_rs_masked_fraction",
-            "rollout_corr/rollout_rs_token_k1_mean",
-        ]
-    else:
-        names += ["rollout_corr/rollout_is_batch_norm_factor"]
-    for name in names:
+    for name in METRICS[example]:
         assert all(name in step for step in steps), name
-    # the later mini-batches train on a policy the rollout did not sample from
-    assert max(step["rollout_corr/rollout_is_max"] for step in steps) > 1.01
     assert all(step["actor/optimizer_steps"] == 4 for step in steps)
+    if not example.endswith("decoupled"):
+        # per micro-batch against the current policy: the later mini-batches train on a policy
+        # the rollout did not sample from (the decoupled stage weighs the old policy, which in
+        # sync mode sampled the batch itself)
+        assert max(step["rollout_corr/rollout_is_max"] for step in steps) > 1.01

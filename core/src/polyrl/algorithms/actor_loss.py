@@ -20,6 +20,7 @@ from polyrl.algorithms.loss_agg import agg_loss, check_loss_agg_mode
 from polyrl.algorithms.tis import truncated_is_weights
 from polyrl.config.checks.off_policy import tis_enabled
 from polyrl.specs import LOSS_LEVELS, SEQUENCE_LEVEL, TOKEN_LEVEL
+from polyrl.step.names import ROLLOUT_IS_WEIGHTS
 
 if TYPE_CHECKING:
     from polyrl.batch import Batch
@@ -51,7 +52,9 @@ def make_actor_loss_fn(
 
     The micro-batch must hold the keys the policy loss reads (``old_log_probs``, ``advantages``,
     ``response_mask`` and whatever its spec's ``requires`` adds), ``ref_log_prob`` when
-    ``use_kl_loss``, and ``rollout_log_probs`` when the TIS correction is on.
+    ``use_kl_loss``, and ``rollout_log_probs`` when the TIS correction is on. A micro-batch
+    with ``rollout_is_weights`` (a plugin's stage added them: verl's decoupled rollout
+    correction) has its token-level policy loss multiplied by them, as verl's losses do.
     """
     mode = check_loss_agg_mode(actor_cfg.loss_agg_mode)
     entropy_coeff = float(actor_cfg.entropy_coeff)
@@ -86,8 +89,15 @@ def make_actor_loss_fn(
 
         pg_out, pg_metrics = policy_loss_fn(micro_batch, log_prob, actor_cfg)
         if level == SEQUENCE_LEVEL:
+            if ROLLOUT_IS_WEIGHTS in micro_batch:
+                raise ValueError(
+                    f"the batch has per-token {ROLLOUT_IS_WEIGHTS} and the policy loss is "
+                    f"sequence-level: a token-level loss is needed to apply them"
+                )
             loss, pg_loss = _sequence_mean(pg_out, norm)
         else:
+            if ROLLOUT_IS_WEIGHTS in micro_batch:
+                pg_out = pg_out * micro_batch[ROLLOUT_IS_WEIGHTS]
             if tis_enabled(tis_cap):
                 weights, tis_metrics = truncated_is_weights(
                     micro_batch["old_log_probs"], micro_batch["rollout_log_probs"], mask, tis_cap

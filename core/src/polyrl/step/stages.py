@@ -341,6 +341,12 @@ class UpdateActorStage(Stage):
         self._own_keys = (*MODEL_INPUT_KEYS, *kl, *tis)
         self.requires = tuple(dict.fromkeys((*self._own_keys, *POLICY_LOSS_KEYS)))
 
+    def send(self, *keys: str) -> None:
+        """Also send ``keys`` to the workers' update (a plugin's stage adds one the actor
+        reads, such as ``rollout_is_weights``); kept when the stage is bound."""
+        self._own_keys = tuple(dict.fromkeys((*self._own_keys, *keys)))
+        self.requires = tuple(dict.fromkeys((*self.requires, *keys)))
+
     def bind(self, plan: RunPlan) -> None:
         """The selected policy loss's ``requires`` reach the workers with the model inputs."""
         loss_keys = plan.policy_loss.spec.requires

@@ -1,5 +1,5 @@
-"""verl's rollout-correction settings read and checked without torch: which keys select the
-``bypass_mode`` loss (:func:`implied_settings`), ``polyrl validate``'s check of them
+"""verl's rollout-correction settings read and checked without torch: ``bypass_mode=true``
+selects the ``bypass_mode`` loss (:func:`implied_settings`), ``polyrl validate``'s check of it
 (:func:`check_bypass_config`), and the parsing of ``rollout_rs`` / ``rollout_rs_threshold``
 into criteria, with verl's rules, so a bad spec is one line before a run, not an error in the
 middle of an update."""
@@ -181,28 +181,22 @@ def changed_settings(cfg: Any) -> list[tuple[str, Any]]:
 
 
 def implied_settings(cfg: Any) -> dict[str, tuple[Any, str]]:
-    """Any rollout-correction setting selects the ``bypass_mode`` loss, which applies it (and
-    refuses, in :func:`check_bypass_config`, what polyrl does not implement): verl's trainer
-    likewise sets ``loss_mode=bypass_mode`` for ``bypass_mode=true``."""
-    changed = changed_settings(cfg)
-    if not changed:
+    """``bypass_mode=true`` selects the ``bypass_mode`` loss, which applies the correction, as
+    verl's trainer sets ``loss_mode=bypass_mode`` for it. (The decoupled mode keeps the
+    selected loss: :mod:`polyrl_loss_zoo.correction_stage` weighs it.)"""
+    if not cfg.algorithm.rollout_correction.bypass_mode:
         return {}
-    because = ", ".join(f"{key}={value}" for key, value in changed)
-    return {LOSS_MODE_KEY: (BYPASS_LOSS, because)}
+    return {LOSS_MODE_KEY: (BYPASS_LOSS, f"{_key('bypass_mode')}=true")}
 
 
 def check_bypass_config(cfg: Any) -> list[str]:
-    """``polyrl validate``'s check of the ``bypass_mode`` loss: the settings parse, the mode is
-    bypass (verl's decoupled mode is refused), and no second correction is stacked on it."""
+    """``polyrl validate``'s check of the ``bypass_mode`` loss: it is bypass mode, the settings
+    parse, and no second correction is stacked on it."""
     if not cfg.algorithm.rollout_correction.bypass_mode:
-        given = ", ".join(f"{key}={value}" for key, value in changed_settings(cfg))
-        given = given or f"{LOSS_MODE_KEY}={BYPASS_LOSS}"
         return [
-            f"{given} with {_key('bypass_mode')}=false asks for verl's decoupled rollout "
-            f"correction (weights against the recomputed old log-probs, rejection before the "
-            f"advantages) (verl); polyrl does not support it: set "
-            f"{_key('bypass_mode')}=true (the rollout's log-probs as the old ones), or "
-            f"{TIS_CAP_KEY}=<cap> alone for token-level truncated importance sampling"
+            f"{LOSS_MODE_KEY}={BYPASS_LOSS} is verl's rollout correction in bypass mode: set "
+            f"{_key('bypass_mode')}=true (and the other {ROLLOUT_CORRECTION}.* keys) instead "
+            f"of selecting the loss"
         ]
     problems = []
     try:

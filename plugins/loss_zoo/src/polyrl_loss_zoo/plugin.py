@@ -92,13 +92,15 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
     )
     yield PolicyLossSpec(
         name="bypass_mode",
-        description="verl's rollout correction in bypass mode (algorithm.rollout_correction.*, "
-        "which selects it): the rollout's log-probs as the old ones; token/sequence IS weights "
-        "truncated at rollout_is_threshold, rejection criteria (rollout_rs); ppo_clip or "
-        "reinforce (loss_type)",
+        description="verl's rollout correction in bypass mode (algorithm.rollout_correction."
+        "bypass_mode=true selects it): the rollout's log-probs as the old ones; token/sequence "
+        "IS weights truncated at rollout_is_threshold, rejection criteria (rollout_rs); "
+        "ppo_clip or reinforce (loss_type). Its package also runs the decoupled mode "
+        "(bypass_mode=false) as a stage before adv, with any token-level loss",
         fn=f"{_PKG}.bypass:bypass_mode_policy_loss",
         requires=("old_log_probs", "rollout_log_probs", "advantages", "response_mask"),
         config_check=f"{_PKG}.correction_config:check_bypass_config",
         config_sections=ROLLOUT_CORRECTION_SECTIONS,
         implies=f"{_PKG}.correction_config:implied_settings",
+        edit_step=f"{_PKG}.correction_stage:edit_step",
     )
