@@ -170,6 +170,7 @@ _LAZY: dict[str, str] = {
     "PromptLoader": "polyrl.data.loader:PromptLoader",
     "settle_unteachable": "polyrl.data.unteachable:settle_unteachable",
     "template_kwargs": "polyrl.data.chat_template:template_kwargs",
+    "use_custom_template": "polyrl.data.chat_template:use_custom_template",
     "TrainingData": "polyrl.data.training:TrainingData",
     "training_data_from_files": "polyrl.data.training:training_data_from_files",
     # rollout engines: settings, the response layout, weight sync
@@ -213,7 +214,7 @@ if TYPE_CHECKING:
     from polyrl.config.nodes import schema_node
     from polyrl.config.schema import OptimConfig
     from polyrl.config.sections import following, schema_config
-    from polyrl.data.chat_template import template_kwargs
+    from polyrl.data.chat_template import template_kwargs, use_custom_template
     from polyrl.data.dataset import TRUNCATION_MODES, read_parquet
     from polyrl.data.loader import PromptLoader
     from polyrl.data.sources import resolve_data_files
@@ -420,6 +421,7 @@ __all__ = [
     "training_data_from_files",
     "training_engine_context",
     "training_sampling_params",
+    "use_custom_template",
 ]
 
 

@@ -85,11 +85,14 @@ def evaluate(
         assemble,
         default_compute_score,
         resolve_model_path,
+        use_custom_template,
     )
 
     model_cfg = cfg.actor_rollout_ref.model
     tokenizer_source = model_cfg.tokenizer_path or model_cfg.path
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(tokenizer_source)))
+    # the run's chat template (verl's custom_chat_template), so episodes render as in training
+    use_custom_template(tokenizer, model_cfg.custom_chat_template)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(model_path), dtype=torch.float32
