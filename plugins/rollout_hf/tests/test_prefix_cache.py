@@ -29,6 +29,11 @@ PATHS = {
     "static-chunks": {"static_cache": "true", "continuous_batching": "false"},
     "continuous": {"static_cache": "true", "continuous_batching": "true"},
 }
+CONTINUOUS_SLOTS = {
+    "continuous": 8,  # every row in a slot of its own from the start
+    "continuous-refills": 2,  # rows wait for slots: refills, and the cache ring wraps
+    "continuous-shrink": 16,  # a ladder of 16 and 8 rows: live rows move to the front
+}
 
 
 def make_engine(path, hf, *, prefix_cache, device="cpu", slots=8):
@@ -85,10 +90,12 @@ def play_turns(engine: HFRolloutEngine, turns: int, max_new: int) -> list[Batch]
     return outs
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", ["eager", "static-chunks", *CONTINUOUS_SLOTS])
 def test_greedy_turns_equal_a_fresh_prefill_of_the_whole_context(model_dir, path):
-    cached = make_engine(model_dir, PATHS[path], prefix_cache="true")
-    fresh = make_engine(model_dir, PATHS[path], prefix_cache="false")
+    hf = PATHS["continuous" if path in CONTINUOUS_SLOTS else path]
+    slots = CONTINUOUS_SLOTS.get(path, 8)
+    cached = make_engine(model_dir, hf, prefix_cache="true", slots=slots)
+    fresh = make_engine(model_dir, hf, prefix_cache="false", slots=slots)
     turns_cached, turns_fresh = play_turns(cached, 4, 10), play_turns(fresh, 4, 10)
     lengths = turns_fresh[0]["response_mask"].sum(1)
     assert lengths.min() < lengths.max()  # a real length mix
@@ -99,6 +106,8 @@ def test_greedy_turns_equal_a_fresh_prefill_of_the_whole_context(model_dir, path
     assert cached.stats["prefix_tokens_reused"] > 0
     assert fresh.stats["prefix_tokens_reused"] == 0
     assert cached.stats["prefill_tokens"] < fresh.stats["prefill_tokens"]
+    if path.startswith("continuous"):  # the responses' KV kept from the decode slots
+        assert cached.stats["decode_rows_kept"] > 0
 
 
 def test_only_the_last_call_is_kept_and_a_weight_update_drops_it(model_dir):

@@ -20,6 +20,13 @@ the next write is column ``c`` has its prompt placed in the columns just before 
 tokens follow, so its whole span (prompt + new tokens, at most the cache length) is never
 overwritten while it decodes. Attention does not depend on where in the cache a key sits, only on
 the mask and on the position ids (already applied to the cached keys by the rotary embedding).
+
+With ``retain``, each row's keys and values (its prompt's real tokens and every response token but
+the last, the ones fed back) are copied out of its slot once the row has ended, before anything
+can overwrite them (a refill, a shrink, or the ring's write column coming round again, which a row
+that went unnoticed for too long loses: it is then not kept), right-aligned as the prefix cache
+(:mod:`polyrl_rollout_hf.prefix_cache`) keeps prompts: a multi-turn episode's next turn then
+prefills only the observation after them.
 """
 
 from __future__ import annotations
@@ -106,7 +113,12 @@ class ContinuousBatch:
         *,
         compiled: bool = False,
         check_every: int = 1,
+        retain: bool = False,
     ):
+        self.retain = bool(retain)
+        # what retain copied out: right-aligned ids and mask [k, W] (CPU), per layer (keys,
+        # values) [k, KV, W, D]
+        self.retained: list[tuple[torch.Tensor, torch.Tensor, list[tuple[Any, Any]]]] = []
         self.ladder, self.prefill, self.params = ladder, prefill, params
         self.pad, self.generator, self.compiled = int(pad), generator, bool(compiled)
         self.check_every = max(1, int(check_every))
@@ -151,9 +163,16 @@ class ContinuousBatch:
         used = prompt_mask.any(dim=0).nonzero()
         self.decoder.slot = input_ids.shape[1] - (int(used[0]) if used.numel() else 0)
         self.decoder.real_rows = slots
+        # per slot, the row it holds while retain may still copy it out: (row, the write column
+        # at its admission, its prompt's real tokens)
+        self.held: list[tuple[int, int, list[int]] | None] = [None] * slots
         refill_at = max(1, slots // REFILL_SHARE)
         while True:
             row_of_slot = self.slot_row[: self.decoder.rows].tolist()  # the host's read-back
+            if self.retain:
+                ended = [s for s, r in enumerate(row_of_slot) if r == rows and self.held[s]]
+                if ended:
+                    self._retire(ended)
             free = [s for s, row in enumerate(row_of_slot) if row == rows]
             waiting = rows - self.next_row
             live = self.decoder.rows - len(free)
@@ -203,6 +222,10 @@ class ContinuousBatch:
         sources = torch.tensor([r // self.n - self.ready_first for r in rows], device=self.device)
         slot_index = torch.tensor(free[:take], device=self.device)
         self.decoder.admit(slot_index, ready.cache, ready.mask, ready.last_positions, sources)
+        if self.retain:
+            for slot, row in zip(free[:take], rows, strict=True):
+                prompt = self.input_ids[row // self.n][self.prompt_mask[row // self.n].bool()]
+                self.held[slot] = (row, self.decoder.slot, prompt.tolist())
         self.slot_row[slot_index] = torch.arange(rows.start, rows.stop, device=self.device)
         self.slot_written[slot_index] = 0
         token, log_prob = self._pick(ready.logits.index_select(0, sources))
@@ -221,8 +244,49 @@ class ContinuousBatch:
         for state in (self.feed, self.slot_row, self.slot_written):
             state[: len(keep)] = state.index_select(0, keep_index)
         self.slot_row[len(keep) :] = self.spare
+        self.held = [self.held[s] for s in keep] + [None] * (len(self.held) - len(keep))
         target.slot, target.real_rows = self.decoder.slot, target.rows
         self.decoder = target
+
+    def _retire(self, slots: list[int]) -> None:
+        """Copy out the KV of the ended rows in ``slots``: prompt + response tokens but the
+        last, from ring column ``admitted - prompt`` on, unless the write column has come round
+        to it since (the row is then dropped)."""
+        held = [self.held[s] for s in slots]
+        for s in slots:
+            self.held[s] = None
+        length = self.decoder.length
+        rows = torch.tensor([h[0] for h in held], device=self.device)
+        counts = self.mask.index_select(0, rows).sum(dim=1).tolist()
+        responses = self.tokens.index_select(0, rows).tolist()
+        kept = []
+        for slot, (_, admitted, prompt), count, response in zip(
+            slots, held, counts, responses, strict=True
+        ):
+            start = admitted - len(prompt)
+            if self.decoder.slot <= start + length:  # nothing written over the span yet
+                kept.append((slot, start, prompt + response[: int(count) - 1]))
+        if not kept:
+            return
+        width = max(len(tokens) for _, _, tokens in kept)
+        ids = torch.zeros((len(kept), width), dtype=torch.long)
+        mask = torch.zeros((len(kept), width), dtype=torch.long)
+        columns = torch.zeros((len(kept), width), dtype=torch.long)
+        for i, (_, start, tokens) in enumerate(kept):
+            pad = width - len(tokens)
+            ids[i, pad:] = torch.tensor(tokens)
+            mask[i, pad:] = 1
+            columns[i, pad:] = (start + torch.arange(len(tokens))) % length
+        at = torch.tensor([slot for slot, _, _ in kept], device=self.device).unsqueeze(1)
+        columns = columns.to(self.device)
+        layers = [
+            tuple(
+                tensor[at, :, columns].transpose(1, 2).contiguous()
+                for tensor in (layer.keys, layer.values)
+            )
+            for layer in self.ladder[0].cache.layers
+        ]
+        self.retained.append((ids, mask, layers))
 
     def _step(self) -> None:
         decoder = self.decoder

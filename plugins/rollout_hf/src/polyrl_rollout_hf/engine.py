@@ -36,7 +36,7 @@ from polyrl.api import (
 from polyrl_rollout_hf.compile_cache import use_compile_cache
 from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
 from polyrl_rollout_hf.fused_step import unsupported_reason as fused_unsupported_reason
-from polyrl_rollout_hf.prefix_cache import Block, Hit, PrefixCache
+from polyrl_rollout_hf.prefix_cache import Block, Hit, PrefixCache, right_aligned
 from polyrl_rollout_hf.sampling import pick_tokens
 from polyrl_rollout_hf.static_decode import (
     MIN_LENGTH_BUCKET,
@@ -120,10 +120,11 @@ class HFRolloutEngine(RolloutEngine):
     otherwise, and ``true`` refuses a model it cannot run; ``false``: transformers' forward) and
     ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
     ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
-    ``auto`` on CPU: eager). ``prefix_cache`` (``auto``/``true``: keep the last call's prefill
-    KV so that a prompt extending one of its prompts, a multi-turn episode's next turn,
-    prefills only the new tokens, :mod:`polyrl_rollout_hf.prefix_cache`; ``false``: prefill
-    every prompt whole and keep nothing between calls).
+    ``auto`` on CPU: eager). ``prefix_cache`` (``auto``/``true``: keep the last call's KV, of
+    its prompts and, with continuous batching, of its responses, so that a prompt extending one
+    of them, a multi-turn episode's next turn, prefills only the new tokens,
+    :mod:`polyrl_rollout_hf.prefix_cache`; it holds one call's KV between calls; ``false``:
+    prefill every prompt whole and keep nothing between calls).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
 
     :attr:`stats` counts, over the engine's life, the seconds spent in ``generate``, in
@@ -293,14 +294,16 @@ class HFRolloutEngine(RolloutEngine):
         used = mask.any(dim=0).nonzero()
         first = int(used[0]) if used.numel() else 0
         ids, mask = ids[:, first:], mask[:, first:].long()
-        hits = self.prefix_cache.lookup(ids.cpu(), mask.cpu()) if self.prefix_cache else []
+        # the cache lays prompts out right-aligned: a mask with holes is prefilled whole
+        cached = self.prefix_cache is not None and right_aligned(mask.cpu())
+        hits = self.prefix_cache.lookup(ids.cpu(), mask.cpu()) if cached else []
         device_ids, device_mask = ids.to(self.device), mask.to(self.device)
         if any(hits):
             prefill = self._continue_prefill(device_ids, device_mask, hits)
         else:
             prefill = self._fresh_prefill(device_ids, device_mask)
             self.stats["prefill_tokens"] += ids.numel()
-        if self.prefix_cache is not None:
+        if cached:
             layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
             self.prefix_cache.store(ids.cpu(), mask.cpu(), Block(layers))
         self._sync()
@@ -473,8 +476,13 @@ class HFRolloutEngine(RolloutEngine):
             generator,
             compiled=self.compiled,
             check_every=self.done_check_every,
+            retain=self.prefix_cache is not None,
         )
-        return batch.run(ids, mask, n)
+        out = batch.run(ids, mask, n)
+        for kept_ids, kept_mask, layers in batch.retained:
+            self.prefix_cache.store(kept_ids, kept_mask, Block(layers))
+            self.stats["decode_rows_kept"] += kept_ids.shape[0]
+        return out
 
     def _captured(self, get: Callable[[], T]) -> T:
         """``get()`` of the static decoders, the graph captures it made counted in :attr:`stats`."""

@@ -1,4 +1,4 @@
-"""The prefill KV of the last ``generate`` call's prompts, found again by their tokens.
+"""The KV of the last ``generate`` call (prompts, and responses where kept), found by tokens.
 
 Why: a multi-turn rollout (:class:`polyrl.envs.rollout.MultiTurnRollout`) sends each episode's
 whole context (first prompt, earlier turns, observations) back as the next turn's prompt, and the
@@ -8,17 +8,19 @@ tokens start with a kept prompt's tokens prefills only the tokens after it. The 
 nothing (a prompt that finds nothing is prefilled whole), and nothing here is episode state: a
 restarted worker only prefills again.
 
-What is kept: the prefill's own cache tensors (``[P, KV, W, D]`` per layer, each prompt's tokens
-right-aligned, as :meth:`HFRolloutEngine._prefill` builds them: no copy is made), under a key of
-each prompt's length and a hash of its tokens; a hit is checked token by token. Only prompts of
-the latest call are kept (the next turn's prompts extend them; older ones are dead), so the memory
-held between calls is one call's prefill KV; a weight update drops everything (the KV was computed
-with the old weights).
+What is kept: each prefill's own cache tensors (``[P, KV, W, D]`` per layer, each prompt's tokens
+right-aligned, as :meth:`HFRolloutEngine._prefill` builds them: no copy is made) and, on the
+continuous-batching path, each row's prompt and response KV copied out of its decode slot when the
+row ends (:class:`~polyrl_rollout_hf.continuous.ContinuousBatch` with ``retain``), so that the next
+turn prefills only the observation; each under a key of the prompt's length and a hash of its
+tokens, a hit being checked token by token. Only the latest call's entries are kept (the next
+turn's prompts extend them; older ones are dead), so the memory held between calls is one call's
+KV; a weight update drops everything (the KV was computed with the old weights).
 
-The keys and values of the response tokens come from the next turn's prefill, as in a fresh
-prefill of the whole context, not from the decode steps: the continued prefill computes what the
-fresh one computes (the same forward over the same tokens at the same positions), up to the
-rounding of a different batch shape.
+A continued prefill computes what a fresh one computes: the same forward over the same tokens at
+the same positions, with the earlier tokens' keys and values read instead of recomputed (equal up
+to the rounding of another batch shape; a response token's KV from the decode step is the one the
+fresh path's own decode used for it).
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ class _Entry:
     row: int
     tokens: list[int]
     call: int
+
+
+def right_aligned(mask: torch.Tensor) -> bool:
+    """Whether every row of ``mask [P, W]`` is padding then real tokens, without holes."""
+    lengths = mask.long().sum(dim=1, keepdim=True)
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    return bool((mask.bool() == (columns >= mask.shape[1] - lengths)).all())
 
 
 class PrefixCache:
