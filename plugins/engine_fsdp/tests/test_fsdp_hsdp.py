@@ -12,7 +12,7 @@ from test_fsdp_engine import WORLD, _ctx, _full_batch, _shard, mean_logprob_loss
 from polyrl_engine_kit.launch import run_on_ranks
 
 
-def _scenario_sizes(rank: int, world: int, path: str) -> dict:
+def _scenario_sizes(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     from torch.distributed.tensor import Replicate, Shard
 
     from polyrl_engine_fsdp.engine import FSDPEngine
@@ -33,7 +33,14 @@ def _scenario_sizes(rank: int, world: int, path: str) -> dict:
             "metrics": metrics,
             "weights": {k: v.clone() for k, v in engine.named_weights()},
         }
+        if size == 1:
+            engine.save_checkpoint(ckpt_dir)
         del engine
+    # a hybrid-sharded checkpoint loads into a fully sharded engine (DCP reshards)
+    fsdp = {"mixed_precision": False, "reshard_after_forward": True, "fsdp_size": -1}
+    resumed = FSDPEngine(_ctx(rank, path, fsdp_config=fsdp))
+    resumed.load_checkpoint(ckpt_dir)
+    out["resumed"] = {k: v.clone() for k, v in resumed.named_weights()}
     return out
 
 
@@ -42,7 +49,8 @@ def sizes(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     from fsdp_tiny_model import build_tiny_model
 
     path = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "tied"), tie=True, seed=0)
-    return run_on_ranks(_scenario_sizes, WORLD, path, timeout_s=240)
+    ckpt_dir = str(tmp_path_factory.mktemp("hsdp_ckpt"))
+    return run_on_ranks(_scenario_sizes, WORLD, path, ckpt_dir, timeout_s=240)
 
 
 def test_fsdp_size_one_replicates_whole_shards(sizes: list[dict]) -> None:
@@ -63,3 +71,9 @@ def test_hybrid_sharding_trains_as_full_sharding(sizes: list[dict]) -> None:
     # both ranks hold the same (replicated) weights
     for name, weight in sizes[0][1]["weights"].items():
         torch.testing.assert_close(sizes[1][1]["weights"][name], weight)
+
+
+def test_a_hybrid_checkpoint_loads_fully_sharded(sizes: list[dict]) -> None:
+    for result in sizes:
+        for name, weight in result[1]["weights"].items():
+            torch.testing.assert_close(result["resumed"][name], weight, rtol=0, atol=0)

@@ -72,6 +72,21 @@ def _scenario(rank: int, world: int, path: str) -> dict:
     # buffer_dtype: floating-point buffers (rotary frequencies) cast
     buffers = _engine(rank, world, path, {"mixed_precision": False, "buffer_dtype": "bf16"})
     out["buffer_dtypes"] = {b.dtype for b in buffers.model.buffers() if b.is_floating_point()}
+    del buffers
+    # LoRA on bf16 master weights: peft keeps the adapters in fp32, FSDP2 gathers one dtype
+    from polyrl_engine_fsdp.engine import FSDPEngine
+    from polyrl_engine_kit.testing import composed_context
+
+    fsdp = {"mixed_precision": False, "model_dtype": "bf16", "reduce_dtype": "bf16"}
+    lora = FSDPEngine(
+        composed_context(
+            path,
+            model={"dtype": "bfloat16", "lora_rank": 4, "lora_alpha": 8.0},
+            actor={"ppo_micro_batch_size_per_gpu": 2, "fsdp_config": fsdp},
+        )
+    )
+    out["lora_params"] = {p.dtype for p in lora.model.parameters()}
+    out["lora_metrics"] = lora.train_step(batch, mean_logprob_loss)
     return out
 
 
@@ -99,6 +114,11 @@ def test_param_dtype_float32_runs_the_forward_in_fp32(result: dict) -> None:
 
 def test_buffer_dtype_casts_the_buffers(result: dict) -> None:
     assert result["buffer_dtypes"] == {torch.bfloat16}
+
+
+def test_lora_adapters_train_on_bf16_master_weights(result: dict) -> None:
+    assert result["lora_params"] == {torch.bfloat16, torch.float32}
+    assert math.isfinite(result["lora_metrics"]["actor/grad_norm"])
 
 
 def test_verls_keys_validate_under_their_names() -> None:

@@ -38,6 +38,10 @@ def shard_model(
     mesh = fsdp_mesh(device, dist.get_world_size(), settings.fsdp_size)
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
     policy = precision_policy(settings)
+    if policy is None and len({p.dtype for p in model.parameters()}) > 1:
+        # peft keeps adapters in float32 on bf16 master weights; FSDP2 gathers one dtype per unit
+        compute = compute_dtype(settings)
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=compute)
     if policy is not None:
         kwargs["mp_policy"] = policy
     if settings.buffer_dtype is not None:
