@@ -23,7 +23,7 @@ from polyrl.config.sections import schema_config
 from polyrl.data.training import ValidationResult
 from polyrl.interfaces import RolloutEngine, TrainingEngine
 from polyrl.registry import get_registry
-from polyrl.specs import PluginKind, RolloutEngineSpec, TrainingEngineSpec
+from polyrl.specs import PluginKind, PolicyLossSpec, RolloutEngineSpec, TrainingEngineSpec
 from polyrl.step import PROMPT_BATCH_KEYS, Stage, StepContext, StepPipeline, StepState
 from polyrl.step.stages import OldLogProbStage, UpdateActorStage, rollout_mismatch_metrics
 from polyrl.testing.plans import worker_plan
@@ -216,6 +216,32 @@ def test_the_link_follows_an_edited_pipeline(fixed_engine):
     pipeline.append(ReadsOldLogProbs("late_reader"))
     pipeline.link()
     assert stage.read_by == ("late_reader",)
+
+
+def _on_rollout_loss(batch, log_prob, config):
+    """A loss on the rollout's own log-probs (verl's bypass mode): no old ones read."""
+    ratio = torch.exp(log_prob - batch["rollout_log_probs"])
+    return -batch["advantages"] * ratio, {}
+
+
+def test_no_old_log_prob_pass_when_no_stage_reads_them(fixed_engine, register_plugin):
+    register_plugin(
+        PolicyLossSpec(
+            name="on_rollout",
+            description="reads the rollout's log-probs, not old ones",
+            fn=_on_rollout_loss,
+            requires=("rollout_log_probs", "advantages", "response_mask"),
+        )
+    )
+    cfg = config(epochs=2)  # two optimizer steps: old log-probs would be needed by PPO
+    cfg.actor_rollout_ref.actor.policy_loss.loss_mode = "on_rollout"
+    update = UpdateActorStage(cfg)
+    loss = get_registry().get(PluginKind.POLICY_LOSS, "on_rollout")
+    update.bind(SimpleNamespace(policy_loss=loss))  # the plan's part the update reads
+    assert "old_log_probs" not in update.requires
+    state, roles = run_step(cfg, [OldLogProbStage(), update])
+    assert roles.methods == ["update"]
+    assert state.metrics["actor/optimizer_steps"] == 2.0
 
 
 # ---- the probability-gap metrics on on-policy and off-policy steps ---------------------------

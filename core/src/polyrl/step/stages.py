@@ -195,16 +195,21 @@ class OldLogProbStage(Stage):
 
     def __init__(self, needed_before_update: bool = False) -> None:
         self.needed_before_update = needed_before_update
-        # The later stages that read old_log_probs and do not recompute them (set by link).
+        # The later stages that read old_log_probs and do not recompute them, and whether none
+        # reads them at all (set by link).
         self.read_by: tuple[str, ...] = ()
+        self.unread = False
 
     def link(self, later: Sequence[Stage]) -> None:
         key = "old_log_probs"
         self.read_by = tuple(
             s.name for s in later if key in s.requires and key not in s.recomputes_on_policy
         )
+        self.unread = not any(key in s.requires for s in later)
 
     def run(self, state: StepState, ctx: StepContext) -> None:
+        if not self.needed_before_update and self.unread:
+            return  # no stage reads them (a loss on the rollout's log-probs: verl's bypass)
         if not self.needed_before_update and not self.read_by:
             plan = update_plan(ctx.cfg, len(state.batch), ctx.workers.dp_size("actor"), state.step)
             if plan.on_policy:
@@ -337,7 +342,7 @@ class UpdateActorStage(Stage):
     def __init__(self, cfg: Any) -> None:
         actor = cfg.actor_rollout_ref.actor
         kl = ("ref_log_prob",) if actor.use_kl_loss else ()
-        tis = ("rollout_log_probs",) if tis_enabled(actor.tis_imp_ratio_cap) else ()
+        tis = ("old_log_probs", "rollout_log_probs") if tis_enabled(actor.tis_imp_ratio_cap) else ()
         self._own_keys = (*MODEL_INPUT_KEYS, *kl, *tis)
         self.requires = tuple(dict.fromkeys((*self._own_keys, *POLICY_LOSS_KEYS)))
 

@@ -98,7 +98,8 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
         "ppo_clip or reinforce (loss_type). Its package also runs the decoupled mode "
         "(bypass_mode=false) as a stage before adv, with any token-level loss",
         fn=f"{_PKG}.bypass:bypass_mode_policy_loss",
-        requires=("old_log_probs", "rollout_log_probs", "advantages", "response_mask"),
+        # no old_log_probs: the rollout's are the old ones, so their forward pass is skipped
+        requires=("rollout_log_probs", "advantages", "response_mask"),
         config_check=f"{_PKG}.correction_config:check_bypass_config",
         config_sections=ROLLOUT_CORRECTION_SECTIONS,
         implies=f"{_PKG}.correction_config:implied_settings",

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
+from polyrl.config.checks.off_policy import tis_enabled
 from polyrl.errors import PolyrlError
 from polyrl.interfaces import EngineContext
 from polyrl.interfaces.training_engine import MicroBatchLossFn, needs_entropy_grad
@@ -174,6 +175,10 @@ class ActorRole(Role):
 
         loss = ctx.plan.registration(PluginKind.POLICY_LOSS, arr.actor.policy_loss.loss_mode)
         self.loss_fn = make_actor_loss_fn(arr.actor, loss.load(), loss.spec.level)
+        # Whether the update reads old log-probs (a loss on the rollout's reads none: verl's bypass)
+        self.reads_old_log_probs = "old_log_probs" in loss.spec.requires or tis_enabled(
+            arr.actor.tis_imp_ratio_cap
+        )
         self.temperature = float(arr.rollout.temperature)
         # A LoRA actor syncs the adapters alone into a rollout engine that loads them.
         self.sends_adapters = lora_rank(arr.model) > 0 and sync_sends_adapters(
@@ -200,7 +205,8 @@ class ActorRole(Role):
         order); the metrics averaged over the steps.
 
         Without ``old_log_probs`` in the batch the update must be on-policy (one optimizer
-        step): the old log-probs are then the detached current ones. With ``rollout_log_probs``
+        step): the old log-probs are then the detached current ones; or the loss reads none
+        (verl's bypass: the rollout's log-probs are the old ones). With ``rollout_log_probs``
         in such a batch, the metrics also hold this rank's parts of the probability-gap metrics
         (:class:`~polyrl.algorithms.rollout_gap.GapTally`), which the driver combines: the
         ``old_log_prob`` stage that would have computed them skipped its forward pass.
@@ -214,6 +220,8 @@ class ActorRole(Role):
 
             gaps = GapTally() if "rollout_log_probs" in batch else None
             loss_fn = on_policy(self.loss_fn, gaps)
+        elif not self.reads_old_log_probs:
+            loss_fn = self.loss_fn
         else:
             raise UpdateError(
                 f"the actor update got a batch without 'old_log_probs' and a plan of "
