@@ -92,11 +92,9 @@ def polyrl_policy_losses() -> Iterator[PolicyLossSpec]:
     )
     yield PolicyLossSpec(
         name="bypass_mode",
-        description="verl's rollout correction in bypass mode (algorithm.rollout_correction."
-        "bypass_mode=true selects it): the rollout's log-probs as the old ones; token/sequence "
-        "IS weights truncated at rollout_is_threshold, rejection criteria (rollout_rs); "
-        "ppo_clip or reinforce (loss_type). Its package also runs the decoupled mode "
-        "(bypass_mode=false) as a stage before adv, with any token-level loss",
+        description="verl's rollout correction, bypass mode (selected by algorithm."
+        "rollout_correction.bypass_mode=true): IS weights and rejection against the rollout's "
+        "log-probs; ppo_clip or reinforce",
         fn=f"{_PKG}.bypass:bypass_mode_policy_loss",
         # no old_log_probs: the rollout's are the old ones, so their forward pass is skipped
         requires=("rollout_log_probs", "advantages", "response_mask"),
