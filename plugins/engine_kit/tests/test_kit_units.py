@@ -111,6 +111,28 @@ def test_hybrid_sharding_needs_a_divisor_and_offload_keys_combine():
     assert s.param_offload
 
 
+def test_an_export_carries_the_runs_custom_chat_template(tmp_path):
+    """verl's custom_chat_template: the engines' HF exports render chats as the run did."""
+    from transformers import AutoTokenizer
+
+    from polyrl.models.tiny import build_tiny_model
+    from polyrl_engine_kit.checkpoint import copy_tokenizer
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    settings = _settings(model={"custom_chat_template": template})
+    assert settings.chat_template == template and _settings().chat_template is None
+    source = build_tiny_model(str(tmp_path / "model"))
+    for folder in ("export", "plain"):
+        (tmp_path / folder).mkdir()
+    copy_tokenizer(source, str(tmp_path / "export"), False, settings.chat_template)
+    exported = AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    assert exported.chat_template == template
+    chat = [{"role": "user", "content": "hi"}]
+    assert exported.apply_chat_template(chat, tokenize=False) == "<user>hi"
+    copy_tokenizer(source, str(tmp_path / "plain"), False)
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "plain")).chat_template != template
+
+
 # ---- LR schedule --------------------------------------------------------------------------------
 def test_warmup_then_constant():
     s = _optim(lr_warmup_steps=4, warmup_style="constant")

@@ -180,7 +180,8 @@ def write_adapter_export(
     from polyrl_engine_fsdp.lora import write_adapter_folder
 
     write_adapter_folder(path, model, adapters)
-    copy_tokenizer(settings.tokenizer_path or model_path, path, settings.trust_remote_code)
+    source = settings.tokenizer_path or model_path
+    copy_tokenizer(source, path, settings.trust_remote_code, settings.chat_template)
 
 
 def full_state_dict_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:

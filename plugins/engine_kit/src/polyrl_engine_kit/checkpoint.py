@@ -23,6 +23,7 @@ from polyrl_engine_kit.config import EngineSettings, resolve_settings
 from polyrl_engine_kit.modeling import load_hf_model
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -109,6 +110,7 @@ def export_on_rank0(
             dtype,
             settings.tokenizer_path or model_path,
             settings.trust_remote_code,
+            settings.chat_template,
         )
 
 
@@ -119,8 +121,10 @@ def write_hf_folder(
     dtype: torch.dtype,
     tokenizer_source: str,
     trust_remote_code: bool = False,
+    chat_template: str | None = None,
 ) -> None:
-    """Save ``state_dict`` as a ``save_pretrained`` folder (safetensors) plus tokenizer files.
+    """Save ``state_dict`` as a ``save_pretrained`` folder (safetensors) plus tokenizer files
+    (with ``chat_template``, the run's custom chat template, see :func:`copy_tokenizer`).
 
     The weights are placed into a model built on the meta device (no memory, no random init),
     so ``save_pretrained`` sees real tied parameters and writes the layout ``from_pretrained``
@@ -148,7 +152,7 @@ def write_hf_folder(
         )
     model.tie_weights()
     model.save_pretrained(path)
-    copy_tokenizer(tokenizer_source, path, trust_remote_code)
+    copy_tokenizer(tokenizer_source, path, trust_remote_code, chat_template)
 
 
 def _alias_names(model: nn.Module) -> set[str]:
@@ -162,9 +166,13 @@ def _alias_names(model: nn.Module) -> set[str]:
     return aliases
 
 
-def copy_tokenizer(source: str, target: str, trust_remote_code: bool) -> None:
+def copy_tokenizer(
+    source: str, target: str, trust_remote_code: bool, chat_template: str | None = None
+) -> None:
     """The tokenizer files of ``source`` into ``target`` (saved through transformers when the
-    folder has none of the known file names)."""
+    folder has none of the known file names). ``chat_template`` (verl's
+    ``custom_chat_template``, which the run rendered its prompts with) is written as
+    ``chat_template.jinja``, which transformers reads before the tokenizer config's own."""
     copied = False
     for name in TOKENIZER_FILES:
         src = os.path.join(source, name)
@@ -176,3 +184,6 @@ def copy_tokenizer(source: str, target: str, trust_remote_code: bool) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         tokenizer.save_pretrained(target)
+    if chat_template is not None:
+        with open(os.path.join(target, CHAT_TEMPLATE_FILE), "w", encoding="utf-8") as handle:
+            handle.write(chat_template)

@@ -121,6 +121,8 @@ class EngineSettings:
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     buffer_dtype: str | None = None
+    # verl's custom_chat_template: written into HF exports so they render chats as the run did
+    chat_template: str | None = None
 
 
 def _split_runtime_keys(engine: Any) -> tuple[Any, int | None]:
@@ -211,6 +213,7 @@ def resolve_settings(
         param_dtype=_optional_dtype(fsdp.param_dtype),
         reduce_dtype=_optional_dtype(fsdp.reduce_dtype),
         buffer_dtype=_optional_dtype(fsdp.buffer_dtype),
+        chat_template=model.custom_chat_template,
     )
 
 
