@@ -34,12 +34,13 @@ The figures depend on the machine and what else runs on it: quote them with the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,23 @@ class TimedGenerate:
         return turns
 
 
+@contextlib.contextmanager
+def torch_profile(top: int, cuda: bool, label: str) -> Iterator[None]:
+    """Inside the block, torch.profiler records; on exit its ``top`` operators by self time."""
+    if not top:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    averages = prof.key_averages()
+    for sort in (["self_cuda_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+        print(f"{label}: operators by {sort}")
+        print(averages.table(sort_by=sort, row_limit=top, max_name_column_width=60))
+
+
 def print_breakdown(label: str, turns: list[dict[str, Any]]) -> None:
     print(f"{label}: per generate call (a profiled run: the engine waits for the device)")
     print(
@@ -168,6 +186,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument(
+        "--torch-profile",
+        type=int,
+        default=0,
+        help="print the N operators of most self time (device, then host) of the profiled runs",
+    )
     args = parser.parse_args()
 
     import torch
@@ -252,12 +276,14 @@ def main() -> None:
             generate.calls.clear()
             sync()
             start = time.perf_counter()
-            tokens = fn()
-            sync()
+            with torch_profile(args.torch_profile if profiled else 0, cuda, label):
+                tokens = fn()
+                sync()
+                finished = time.perf_counter()  # before the profiler writes its tables
             if profiled:
-                results[f"{label}_turns"] = generate.breakdown(time.perf_counter())
+                results[f"{label}_turns"] = generate.breakdown(finished)
             elif run >= args.warmup:
-                times.append(time.perf_counter() - start)
+                times.append(finished - start)
         seconds = statistics.median(times)
         results[label] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
     results["multi"]["episodes_per_s"] = args.episodes / results["multi"]["seconds"]
