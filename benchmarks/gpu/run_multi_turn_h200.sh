@@ -9,7 +9,8 @@
 #   RESULTS=$OUT bash benchmarks/gpu/run_multi_turn_h200.sh
 # Environment: RESULTS (folder for the logs and one JSON per side, /tmp/multi-turn-h200), BASELINE
 # (.baseline-mt/plugins/rollout_hf/src; a side is skipped when it is missing), PARTS (tests
-# baseline nocache current profile: which to run, in that order; the default leaves out profile), RUNS (timed runs, 3), EPISODES (256).
+# baseline nocache current profile: which to run, in that order; the default leaves out profile),
+# RUNS (timed runs, 3), EPISODES (256).
 set -uo pipefail
 results=${RESULTS:-/tmp/multi-turn-h200}
 baseline=${BASELINE:-.baseline-mt/plugins/rollout_hf/src}
