@@ -12,19 +12,17 @@ and the first page of metrics fill."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+TRAIN = ["train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
          "trainer.test_freq=-1",
          "trainer.val_before_train=false"]  # fmt: skip
 LINE = re.compile(
@@ -52,9 +50,8 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]
 
 
 def train_into(folder: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [*TRAIN, f"trainer.default_local_dir={folder}", *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    """``polyrl train`` with one worker, in this test process (``run_polyrl_here``)."""
+    return run_polyrl_here(*TRAIN, f"trainer.default_local_dir={folder}", *overrides)
 
 
 def full_disk_line(proc: subprocess.CompletedProcess) -> re.Match[str]:

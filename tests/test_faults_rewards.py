@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +28,10 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(kind: str, tmp_
     scorer = tmp_path / "scorer.py"
     scorer.write_text(BROKEN_SCORERS[kind])
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
-         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
-         "trainer.val_before_train=false", "trainer.total_training_steps=10"],
-        capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
+    done = run_polyrl_here(
+        "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+        f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
+        "trainer.val_before_train=false", "trainer.total_training_steps=10",
     )  # fmt: skip
     elapsed = time.monotonic() - start
     assert done.returncode == 2, done.stderr[-3000:]
@@ -49,11 +47,10 @@ def test_a_run_shorter_than_the_failure_window_whose_rewards_all_failed_exits_2(
 ) -> None:
     scorer = tmp_path / "scorer.py"
     scorer.write_text(BROKEN_SCORERS["raises"])
-    done = subprocess.run(
-        [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
-         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
-         "trainer.val_before_train=false", "trainer.total_training_steps=1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
+    done = run_polyrl_here(
+        "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+        f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
+        "trainer.val_before_train=false", "trainer.total_training_steps=1",
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]

@@ -7,18 +7,16 @@ whole traceback is in the log the line points to."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 from polyrl.checkpoint import MARKER_FILE, file_checksums
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+TRAIN = ["train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
          "trainer.test_freq=-1",
          "trainer.val_before_train=false", "trainer.save_freq=1"]  # fmt: skip
 
@@ -34,9 +32,8 @@ class Payload:
 
 
 def train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [*TRAIN, f"trainer.default_local_dir={out}", *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    """``polyrl train`` with one worker, in this test process (``run_polyrl_here``)."""
+    return run_polyrl_here(*TRAIN, f"trainer.default_local_dir={out}", *overrides)
 
 
 def test_a_tampered_checkpoint_is_refused_in_one_line_with_the_details_logged(

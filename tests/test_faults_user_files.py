@@ -8,12 +8,11 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
-TRAIN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
+TRAIN = ["train", "recipe=tiny", *IN_PROCESS_OVERRIDES,
          "trainer.test_freq=-1",
          "trainer.val_before_train=false"]  # fmt: skip
 
@@ -27,9 +26,8 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 def train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [*TRAIN, f"trainer.default_local_dir={out}", *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    """``polyrl train`` with one worker, in this test process (``run_polyrl_here``)."""
+    return run_polyrl_here(*TRAIN, f"trainer.default_local_dir={out}", *overrides)
 
 
 def refused(proc: subprocess.CompletedProcess, pattern: str) -> str:

@@ -9,15 +9,12 @@ Ray (``trainer.worker_backend=in_process``, one worker); test_train_tiny.py trai
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_train_tiny import split_records
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 from polyrl.config.loader import load_config
 
 pytestmark = pytest.mark.slow
@@ -36,26 +33,11 @@ AGENTS = Path(__file__).parents[1] / "plugins" / "env_agent" / "tests" / "agent_
 
 
 def train(recipe: str, out_dir: Path, *overrides: str) -> list[dict]:
-    """``python -m polyrl train recipe=<recipe> [overrides]``; its metrics.jsonl records."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "polyrl",
-        "train",
-        f"recipe={recipe}",
-        f"trainer.default_local_dir={out_dir}",
-        "trainer.logger=[jsonl]",
-        *IN_PROCESS_OVERRIDES,
-        *overrides,
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-6000:]}"
+    """``polyrl train recipe=<recipe> [overrides]`` with one worker, in this test process
+    (``run_polyrl_here``); its metrics.jsonl records."""
+    args = ("train", f"recipe={recipe}", f"trainer.default_local_dir={out_dir}")
+    proc = run_polyrl_here(*args, "trainer.logger=[jsonl]", *IN_PROCESS_OVERRIDES, *overrides)
+    assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{proc.stderr[-6000:]}"
     lines = (out_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 

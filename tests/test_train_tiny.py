@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
@@ -49,25 +49,21 @@ REQUIRED_METRICS = (
 def polyrl_train(
     out_dir: Path, *overrides: str, timeout: int = 900, over_ray: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m polyrl train recipe=tiny ...`` and fail with its output if it fails.
+    """Run ``polyrl train recipe=tiny ...`` and fail with its output if it fails.
 
-    ``over_ray``: the recipe's 2 workers over Ray, for the tests of that path; otherwise one
-    worker in the run's own process (``IN_PROCESS_OVERRIDES``), for tests whose point is the
-    algorithm, the checkpoints or the outputs."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "polyrl",
-        "train",
-        "recipe=tiny",
-        f"trainer.default_local_dir={out_dir}",
-        *(() if over_ray else IN_PROCESS_OVERRIDES),
-        *overrides,
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    ``over_ray``: ``python -m polyrl`` with the recipe's 2 workers over Ray, for the tests of
+    that path; otherwise one worker (``IN_PROCESS_OVERRIDES``) trained inside this test process
+    (``run_polyrl_here``), for tests whose point is the algorithm, the checkpoints or the
+    outputs: the interpreter's start-up and imports are most of a short run."""
+    args = ["train", "recipe=tiny", f"trainer.default_local_dir={out_dir}", *overrides]
+    if over_ray:
+        cmd = [sys.executable, "-m", "polyrl", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    else:
+        proc = run_polyrl_here(*args[:2], *IN_PROCESS_OVERRIDES, *args[2:])
     assert proc.returncode == 0, (
-        f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        f"{' '.join(proc.args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     )
     return proc
 
@@ -209,10 +205,11 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
     assert all(r["actor/optimizer_steps"] == 4 for r in straight_records)
 
     # Resuming that run with another rollout.n would be another experiment: refused, before Ray.
-    cmd = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", *IN_PROCESS_OVERRIDES, *steps,
-           f"trainer.default_local_dir={resumed}", "trainer.total_training_steps=5",
-           "actor_rollout_ref.rollout.n=8"]  # fmt: skip
-    changed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    changed = run_polyrl_here(
+        "train", "recipe=tiny", *IN_PROCESS_OVERRIDES, *steps,
+        f"trainer.default_local_dir={resumed}", "trainer.total_training_steps=5",
+        "actor_rollout_ref.rollout.n=8",
+    )  # fmt: skip
     assert changed.returncode == 2, changed.stderr[-2000:]
     assert "actor_rollout_ref.rollout.n: 4 -> 8 (run-defining)" in changed.stderr
     assert "Started a local Ray instance" not in changed.stderr

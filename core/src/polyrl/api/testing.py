@@ -16,8 +16,9 @@ import from core.
 - ``rollout_contract``: the scaffolding of the rollout engines' contract tests (a module);
 - ``run_stage`` (with ``ScriptedRoles``, ``RoleCall``): one stage on one batch, without Ray;
 - ``worker_plan``: the plugins a role built from a config needs, for tests of a role;
-- ``run_polyrl``: the ``polyrl`` command line in a fresh interpreter; ``IN_PROCESS_OVERRIDES``:
-  the overrides that train in that one process, without Ray (end-to-end tests of a plugin).
+- ``run_polyrl``: the ``polyrl`` command line in a fresh interpreter; ``run_polyrl_here``: in the
+  test's own process (no start-up, no re-imports); ``IN_PROCESS_OVERRIDES``: the overrides that
+  train in that one process, without Ray (end-to-end tests of a plugin).
 
 The fixtures ``polyrl_registry``, ``isolated_registry`` and ``register_plugin`` need no import:
 pytest loads them from :mod:`polyrl.testing.pytest_plugin` once polyrl is installed. Covered by
@@ -52,6 +53,7 @@ _LAZY: dict[str, str] = {
     "worker_plan": "polyrl.testing.plans:worker_plan",
     "IN_PROCESS_OVERRIDES": "polyrl.testing.cli:IN_PROCESS_OVERRIDES",
     "run_polyrl": "polyrl.testing.cli:run_polyrl",
+    "run_polyrl_here": "polyrl.testing.cli:run_polyrl_here",
 }
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from polyrl.config.sections import schema_config
     from polyrl.models.tiny import build_tiny_model
     from polyrl.testing import rollout_contract
-    from polyrl.testing.cli import IN_PROCESS_OVERRIDES, run_polyrl
+    from polyrl.testing.cli import IN_PROCESS_OVERRIDES, run_polyrl, run_polyrl_here
     from polyrl.testing.configs import actor_config, algorithm_config
     from polyrl.testing.conformance import (
         AdvantageEstimatorConformance,
@@ -90,6 +92,7 @@ __all__ = [
     "build_tiny_model",
     "rollout_contract",
     "run_polyrl",
+    "run_polyrl_here",
     "run_stage",
     "schema_config",
     "worker_plan",
