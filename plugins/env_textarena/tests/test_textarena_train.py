@@ -12,14 +12,11 @@ the loader's acceptance of ``data_source: textarena`` is covered too.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 from polyrl_env_textarena.data import write_games
 
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
@@ -28,10 +25,7 @@ MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 @pytest.mark.slow
 def test_two_steps_of_guess_the_number_episodes(tmp_path: Path) -> None:
     files = write_games(tmp_path / "games", train_size=8, val_size=4, seed=0)
-    cmd = [
-        sys.executable,
-        "-m",
-        "polyrl",
+    args = [
         "train",
         "recipe=tiny",
         *IN_PROCESS_OVERRIDES,
@@ -55,9 +49,8 @@ def test_two_steps_of_guess_the_number_episodes(tmp_path: Path) -> None:
         "trainer.logger=[jsonl]",
         f"trainer.default_local_dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-6000:]}"
+    proc = run_polyrl_here(*args)  # in this test process: no interpreter start-up
+    assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{proc.stderr[-6000:]}"
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     assert [r["step"] for r in records] == [1, 2]
