@@ -1,5 +1,7 @@
 """Ctrl-C and SIGTERM stop a run cleanly: one line, exit 130/143, no traceback, the run folder's
-lock released, and the last complete checkpoint resumes."""
+lock released, and the last complete checkpoint resumes. Over Ray (the driver waits on its
+workers) and in one process (``IN_PROCESS_OVERRIDES``: the step runs in a worker thread while the
+main thread takes the signal)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +30,17 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize(("sig", "code", "name"), [(signal.SIGTERM, 143, "SIGTERM"),
-                                                   (signal.SIGINT, 130, "Ctrl-C")])  # fmt: skip
+@pytest.mark.parametrize(("sig", "code", "name", "backend"), [
+    (signal.SIGTERM, 143, "SIGTERM", ()),
+    (signal.SIGINT, 130, "Ctrl-C", ()),
+    (signal.SIGTERM, 143, "SIGTERM", IN_PROCESS_OVERRIDES),
+], ids=["SIGTERM", "Ctrl-C", "SIGTERM-in-process"])  # fmt: skip
 def test_a_signal_mid_run_stops_cleanly_and_the_run_resumes(
-    sig: int, code: int, name: str, tmp_path: Path
+    sig: int, code: int, name: str, backend: tuple[str, ...], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [*RUN, f"trainer.default_local_dir={out}", "trainer.total_training_steps=500"],
+        [*RUN, *backend, f"trainer.default_local_dir={out}", "trainer.total_training_steps=500"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
     )  # fmt: skip
     deadline = time.monotonic() + 400
@@ -51,7 +58,7 @@ def test_a_signal_mid_run_stops_cleanly_and_the_run_resumes(
         return
     steps = f"trainer.total_training_steps={done_steps + 1}"
     again = subprocess.run(
-        [*RUN, f"trainer.default_local_dir={out}", steps],
+        [*RUN, *backend, f"trainer.default_local_dir={out}", steps],
         capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
