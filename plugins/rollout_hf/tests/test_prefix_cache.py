@@ -120,6 +120,18 @@ def test_only_the_last_call_is_kept_and_a_weight_update_drops_it(model_dir):
     assert make_engine(model_dir, PATHS["eager"], prefix_cache="false").prefix_cache is None
 
 
+def test_prompts_with_mask_holes_bypass_the_cache(model_dir):
+    engine = make_engine(model_dir, PATHS["continuous"], prefix_cache="true")
+    holes = Batch(
+        {
+            "input_ids": torch.tensor([[7, 0, 8, 9], [0, 0, 5, 6]]),
+            "attention_mask": torch.tensor([[1, 0, 1, 1], [0, 0, 1, 1]]),
+        }
+    )
+    engine.generate(holes, SamplingParams(max_new_tokens=4, greedy=True))
+    assert len(engine.prefix_cache) == 0 and engine.stats["decode_rows_kept"] == 0
+
+
 def test_a_hash_match_with_other_tokens_is_no_hit():
     cache = PrefixCache()
     cache.begin_call()

@@ -476,7 +476,7 @@ class HFRolloutEngine(RolloutEngine):
             generator,
             compiled=self.compiled,
             check_every=self.done_check_every,
-            retain=self.prefix_cache is not None,
+            retain=self.prefix_cache is not None and right_aligned(mask),
         )
         out = batch.run(ids, mask, n)
         for kept_ids, kept_mask, layers in batch.retained:
