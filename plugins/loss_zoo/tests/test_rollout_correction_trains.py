@@ -7,19 +7,17 @@ rejection have something to correct."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
 RC = "algorithm.rollout_correction"
 VAL_REWARD = "val-core/polyrl/tiny_digits/reward/mean@1"
 MIN_GAIN = 0.2  # greedy reward before training is 0.0; these runs reach about 0.5
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 MINI_BATCHES = (
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
@@ -69,8 +67,7 @@ METRICS = {
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_verls_example_trains_and_logs_verls_metrics(example: str, tmp_path: Path) -> None:
-    proc = run_polyrl(
-        ENV,
+    proc = run_polyrl_here(  # in this test process: no interpreter start-up
         "train",
         f"recipe={example.split('-')[0]}",
         *EXAMPLES[example],
@@ -78,7 +75,6 @@ def test_verls_example_trains_and_logs_verls_metrics(example: str, tmp_path: Pat
         *IN_PROCESS_OVERRIDES,
         "trainer.logger=[jsonl]",
         f"trainer.default_local_dir={tmp_path}",
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
