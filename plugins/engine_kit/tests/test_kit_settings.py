@@ -21,6 +21,8 @@ KEYS = {
     "target_modules": "all-linear",
     "lora_dropout": 0.0,
     "export_merged_lora": False,
+    "exclude_modules": None,
+    "lora_adapter_path": None,
 }
 
 

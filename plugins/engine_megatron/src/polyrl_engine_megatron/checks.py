@@ -8,14 +8,12 @@ AdamW betas) are polyrl-engine-fsdp's pure helpers, so the engines word them ali
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from polyrl.api import pool_of, role_world
 from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
-from polyrl_engine_megatron.settings import MegatronSettings
 from polyrl_engine_megatron.transformer_overrides import split
 
 ACTOR = "actor_rollout_ref.actor"
@@ -83,32 +81,34 @@ def _world_problems(cfg: Any) -> list[str]:
     return problems
 
 
-# Settings that change nothing this engine builds (verl_compat says so for the actor's): a critic
-# whose value differs from the actor's runs exactly as it would with the actor's.
-_WITHOUT_EFFECT = frozenset(
-    {"use_mbridge", "sequence_parallel", "use_distributed_optimizer", "seed"}
+# The actor's settings that shape the critic's engine too. verl's other megatron keys are refused
+# or have no effect on their own, for any role (``polyrl validate`` says which).
+_SHAPING = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "param_offload",
+    "grad_offload",
+    "optimizer_offload",
+    "override_transformer_config",
 )
 
 
 def _critic_problems(cfg: Any) -> list[str]:
     """A Megatron critic runs with the actor's ``megatron`` settings (its engine node is the
     actor's with the critic's batch and optimizer keys over it): a ``critic.megatron`` setting
-    of this engine's set otherwise is refused, not ignored. verl's keys that the engine does not
-    declare (``vanilla_mbridge`` ...) are judged on their own by ``polyrl validate``, as the
-    actor's are."""
+    that shapes the engine, set otherwise, is refused, not ignored."""
     critic = cfg.get("critic")
     if critic is None or "megatron" not in critic:
         return []
     actor = cfg.actor_rollout_ref.actor.megatron
     overrides = "override_transformer_config"
-    read = {f.name for f in fields(MegatronSettings)} - _WITHOUT_EFFECT
     return [
         f"critic.megatron.{key}={critic.megatron[key]} differs from the actor's "
         f"{actor[key]} and asks for a critic split, offloaded or configured otherwise than the "
         f"actor (verl); polyrl does not support it: the critic runs with {MEGATRON}'s "
         f"settings, leave critic.megatron.{key} unset"
         for key in critic.megatron
-        if key in read
+        if key in _SHAPING
         and critic.megatron[key] != actor.get(key)
         and (key != overrides or critic.megatron[key])
     ]
