@@ -178,7 +178,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--micro-batch-size", type=int, default=256)
     parser.add_argument("--static-cache", default="auto", help="the hf engine's static_cache")
-    parser.add_argument("--prefix-cache", default="auto", help="the hf engine's prefix_cache")
+    parser.add_argument(
+        "--prefix-cache",
+        default="true",
+        help="the hf engine's prefix_cache (a multi-turn run's default, auto, turns it on)",
+    )
     parser.add_argument(
         "--no-profile", dest="profile", action="store_false", help="skip the breakdown run"
     )

@@ -36,13 +36,14 @@ CONTINUOUS_SLOTS = {
 }
 
 
-def make_engine(path, hf, *, prefix_cache, device="cpu", slots=8):
+def make_engine(path, hf, *, prefix_cache, device="cpu", slots=8, multi_turn=None):
     ctx = RolloutContext(
         model_path=path,
         config={
             "dtype": "float32",
             "micro_batch_size": slots,
             "engine_kwargs": {"hf": {**hf, "prefix_cache": prefix_cache}},
+            **({} if multi_turn is None else {"multi_turn": {"enable": multi_turn}}),
         },
         device=device,
         rank=0,
@@ -111,13 +112,21 @@ def test_greedy_turns_equal_a_fresh_prefill_of_the_whole_context(model_dir, path
 
 
 def test_only_the_last_call_is_kept_and_a_weight_update_drops_it(model_dir):
-    engine = make_engine(model_dir, PATHS["eager"], prefix_cache="auto")
+    engine = make_engine(model_dir, PATHS["eager"], prefix_cache="true")
     assert isinstance(engine.prefix_cache, PrefixCache)
     play_turns(engine, 2, 6)
     assert len(engine.prefix_cache) == 7  # the second call's prompts only
     engine.update_weights(engine.model.state_dict().items())
     assert len(engine.prefix_cache) == 0
     assert make_engine(model_dir, PATHS["eager"], prefix_cache="false").prefix_cache is None
+
+
+def test_auto_keeps_kv_for_multi_turn_rollouts_only(model_dir):
+    """A single-turn run's prompts never extend an earlier call's, so ``auto`` holds no KV
+    through its update; a multi-turn run's next turns do."""
+    for multi_turn, kept in ((None, False), (False, False), (True, True)):
+        engine = make_engine(model_dir, PATHS["eager"], prefix_cache="auto", multi_turn=multi_turn)
+        assert (engine.prefix_cache is not None) == kept, multi_turn
 
 
 def test_prompts_with_mask_holes_bypass_the_cache(model_dir):

@@ -75,6 +75,14 @@ def engine_option(config: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _multi_turn(config: Any) -> bool:
+    """Whether the run's rollout plays multi-turn episodes (``multi_turn.enable``)."""
+    try:
+        return bool(config.multi_turn.enable)
+    except (AttributeError, KeyError):  # a config without verl's multi_turn group
+        return False
+
+
 def _tri_state(name: str, value: Any) -> bool | None:
     """``auto`` -> None, else a bool (from a bool or true/false/on/off/1/0)."""
     text = str(value).strip().lower()
@@ -120,11 +128,13 @@ class HFRolloutEngine(RolloutEngine):
     otherwise, and ``true`` refuses a model it cannot run; ``false``: transformers' forward) and
     ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
     ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
-    ``auto`` on CPU: eager). ``prefix_cache`` (``auto``/``true``: keep the last call's KV, of
-    its prompts and, with continuous batching, of its responses, so that a prompt extending one
-    of them, a multi-turn episode's next turn, prefills only the new tokens,
-    :mod:`polyrl_rollout_hf.prefix_cache`; it holds one call's KV between calls; ``false``:
-    prefill every prompt whole and keep nothing between calls).
+    ``auto`` on CPU: eager). ``prefix_cache`` (``true``, and ``auto`` when
+    ``multi_turn.enable``: keep the last call's KV, of its prompts and, with continuous
+    batching, of its responses, so that a prompt extending one of them, a multi-turn episode's
+    next turn, prefills only the new tokens, :mod:`polyrl_rollout_hf.prefix_cache`; it holds one
+    call's KV between calls, through the update until the weight sync; ``false``, and ``auto``
+    for single-turn runs, whose prompts never extend earlier ones: prefill every prompt whole and
+    keep nothing between calls).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
 
     :attr:`stats` counts, over the engine's life, the seconds spent in ``generate``, in
@@ -178,7 +188,9 @@ class HFRolloutEngine(RolloutEngine):
         self.gpu_memory_utilization = float(getattr(config, "gpu_memory_utilization", 0.5))
         self._slots_by_length: dict[int, int] = {}
         prefix = _tri_state("prefix_cache", engine_option(config, "prefix_cache", "auto"))
-        self.prefix_cache: PrefixCache | None = None if prefix is False else PrefixCache()
+        if prefix is None:  # only a multi-turn rollout sends prompts that extend earlier ones
+            prefix = _multi_turn(config)
+        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix else None
         self.stats: Counter[str] = Counter()
         self.timing_sync = False
         fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
