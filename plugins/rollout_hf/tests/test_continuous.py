@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_engines import hf_engine
 
 from polyrl.batch import Batch
 from polyrl.errors import ConfigError
-from polyrl.interfaces import RolloutContext, SamplingParams
-from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
+from polyrl.interfaces import SamplingParams
+from polyrl.models.tiny import PAD_TOKEN_ID, build_tiny_model
 from polyrl.testing.rollout_contract import teacher_forced_log_probs
 from polyrl_rollout_hf.continuous import (
     SAMPLING_BYTES_PER_VOCAB_ENTRY,
     bytes_per_slot,
     decode_slots,
 )
-from polyrl_rollout_hf.engine import HFRolloutEngine
 
 torch.set_num_threads(1)
 
@@ -35,16 +35,8 @@ def make_engine(path, *, continuous, slots=64, device="cpu", static="true", budg
     hf = {"static_cache": static, "continuous_batching": continuous}
     if budget is not None:
         hf["kv_cache_memory_bytes"] = budget
-    ctx = RolloutContext(
-        model_path=path,
-        config={"dtype": "float32", "micro_batch_size": slots, "engine_kwargs": {"hf": hf}},
-        device=device,
-        rank=0,
-        world_size=1,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_ids=[EOS_TOKEN_ID],
-    )
-    return HFRolloutEngine(ctx)
+    config = {"dtype": "float32", "micro_batch_size": slots, "engine_kwargs": {"hf": hf}}
+    return hf_engine(path, config, device)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_engines import hf_engine
 
 from polyrl.batch import Batch
 from polyrl.errors import ConfigError
@@ -24,16 +25,7 @@ PROMPTS = ["What is 3 + 4?", "Hi", "The answer is"]
 
 
 def make_engine(path: str, *, micro_batch_size: int = 64, dtype: str = "float32"):
-    ctx = RolloutContext(
-        model_path=path,
-        config={"dtype": dtype, "micro_batch_size": micro_batch_size},
-        device="cpu",
-        rank=0,
-        world_size=1,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_ids=[EOS_TOKEN_ID],
-    )
-    return HFRolloutEngine(ctx)
+    return hf_engine(path, {"dtype": dtype, "micro_batch_size": micro_batch_size})
 
 
 @pytest.fixture(scope="module")
@@ -256,16 +248,7 @@ class TestHFRolloutConformance(RolloutEngineConformance):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_matches_the_cpu_engine(tiny_dirs, engine, prompts):
-    ctx = RolloutContext(
-        model_path=tiny_dirs[0],
-        config={"dtype": "float32", "micro_batch_size": 64},
-        device="cuda",
-        rank=0,
-        world_size=1,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_ids=[EOS_TOKEN_ID],
-    )
-    cuda_engine = HFRolloutEngine(ctx)
+    cuda_engine = hf_engine(tiny_dirs[0], {"dtype": "float32", "micro_batch_size": 64}, "cuda")
     params = SamplingParams(n=2, max_new_tokens=8, greedy=True)
     on_gpu, on_cpu = cuda_engine.generate(prompts, params), engine.generate(prompts, params)
     assert on_gpu["responses"].device.type == "cpu"  # results come back on the host

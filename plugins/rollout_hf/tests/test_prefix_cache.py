@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_engines import hf_engine
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
-from polyrl.interfaces import RolloutContext, SamplingParams
+from polyrl.interfaces import SamplingParams
 from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
 from polyrl_rollout_hf.engine import HFRolloutEngine
 from polyrl_rollout_hf.prefix_cache import PrefixCache
@@ -37,21 +38,13 @@ CONTINUOUS_SLOTS = {
 
 
 def make_engine(path, hf, *, prefix_cache, device="cpu", slots=8, multi_turn=None):
-    ctx = RolloutContext(
-        model_path=path,
-        config={
-            "dtype": "float32",
-            "micro_batch_size": slots,
-            "engine_kwargs": {"hf": {**hf, "prefix_cache": prefix_cache}},
-            **({} if multi_turn is None else {"multi_turn": {"enable": multi_turn}}),
-        },
-        device=device,
-        rank=0,
-        world_size=1,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_ids=[EOS_TOKEN_ID],
-    )
-    return HFRolloutEngine(ctx)
+    config = {
+        "dtype": "float32",
+        "micro_batch_size": slots,
+        "engine_kwargs": {"hf": {**hf, "prefix_cache": prefix_cache}},
+        **({} if multi_turn is None else {"multi_turn": {"enable": multi_turn}}),
+    }
+    return hf_engine(path, config, device)
 
 
 @pytest.fixture(scope="module")

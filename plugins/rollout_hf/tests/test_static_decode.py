@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hf_engines import hf_engine
 
 from polyrl.batch import Batch
 from polyrl.errors import ConfigError
@@ -42,22 +43,9 @@ def make_engine(
 ):
     """The engine with continuous batching off unless asked for: these tests are about the
     chunked static path (tests/test_continuous.py covers the other)."""
-    ctx = RolloutContext(
-        model_path=path,
-        config={
-            "dtype": dtype,
-            "micro_batch_size": micro_batch_size,
-            "engine_kwargs": {
-                "hf": {"static_cache": static, "continuous_batching": continuous, **hf}
-            },
-        },
-        device=device,
-        rank=0,
-        world_size=1,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_ids=[EOS_TOKEN_ID],
-    )
-    return HFRolloutEngine(ctx)
+    hf = {"static_cache": static, "continuous_batching": continuous, **hf}
+    config = {"dtype": dtype, "micro_batch_size": micro_batch_size, "engine_kwargs": {"hf": hf}}
+    return hf_engine(path, config, device)
 
 
 def build_gqa_model(out_dir: str, seed: int = 0) -> str:
