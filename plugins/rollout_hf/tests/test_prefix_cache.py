@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_engines import hf_engine
+from hf_engines import build_gqa_model, hf_engine
 from omegaconf import OmegaConf
 
 from polyrl.batch import Batch
@@ -52,6 +52,11 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny")), seed=0)
 
 
+@pytest.fixture(scope="module")
+def gqa_dir(tmp_path_factory):
+    return build_gqa_model(str(tmp_path_factory.mktemp("gqa")), seed=0)
+
+
 def left_padded(contexts: list[list[int]]) -> Batch:
     width = max(map(len, contexts))
     ids = torch.full((len(contexts), width), PAD_TOKEN_ID, dtype=torch.long)
@@ -86,6 +91,18 @@ def play_turns(engine: HFRolloutEngine, turns: int, max_new: int) -> list[Batch]
 
 @pytest.mark.parametrize("path", ["eager", "static-chunks", *CONTINUOUS_SLOTS])
 def test_greedy_turns_equal_a_fresh_prefill_of_the_whole_context(model_dir, path):
+    assert_cached_turns_equal_fresh_ones(model_dir, path)
+
+
+@pytest.mark.parametrize("path", ["eager", "continuous-refills"])
+def test_grouped_query_attention_turns_equal_fresh_ones(gqa_dir, path):
+    """4 query heads over 2 KV heads: the written-out continued prefill folds each KV head's
+    query heads and new tokens into one query axis (the static paths), the model's forward
+    repeats the KV heads (the eager path)."""
+    assert_cached_turns_equal_fresh_ones(gqa_dir, path)
+
+
+def assert_cached_turns_equal_fresh_ones(model_dir: str, path: str) -> None:
     hf = PATHS["continuous" if path in CONTINUOUS_SLOTS else path]
     slots = CONTINUOUS_SLOTS.get(path, 8)
     cached = make_engine(model_dir, hf, prefix_cache="true", slots=slots)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hf_engines import hf_engine
+from hf_engines import build_gqa_model, hf_engine
 
 from polyrl.batch import Batch
 from polyrl.errors import ConfigError
@@ -46,30 +46,6 @@ def make_engine(
     hf = {"static_cache": static, "continuous_batching": continuous, **hf}
     config = {"dtype": dtype, "micro_batch_size": micro_batch_size, "engine_kwargs": {"hf": hf}}
     return hf_engine(path, config, device)
-
-
-def build_gqa_model(out_dir: str, seed: int = 0) -> str:
-    """A tiny Qwen2 with 4 query heads over 2 KV heads (grouped-query attention, like
-    Qwen2-0.5B's 14 over 2), saved with the tiny tokenizer's special ids."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        pad_token_id=PAD_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        Qwen2ForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
 
 
 @pytest.fixture(scope="module")

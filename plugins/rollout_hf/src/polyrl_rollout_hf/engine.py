@@ -35,6 +35,7 @@ from polyrl.api import (
 )
 from polyrl_rollout_hf.compile_cache import use_compile_cache
 from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
+from polyrl_rollout_hf.fused_prefill import continue_prefill
 from polyrl_rollout_hf.fused_step import unsupported_reason as fused_unsupported_reason
 from polyrl_rollout_hf.prefix_cache import Block, Hit, PrefixCache, right_aligned
 from polyrl_rollout_hf.sampling import pick_tokens
@@ -305,19 +306,19 @@ class HFRolloutEngine(RolloutEngine):
         began = time.perf_counter()
         used = mask.any(dim=0).nonzero()
         first = int(used[0]) if used.numel() else 0
-        ids, mask = ids[:, first:], mask[:, first:].long()
+        ids, mask = ids[:, first:].cpu(), mask[:, first:].long().cpu()
         # the cache lays prompts out right-aligned: a mask with holes is prefilled whole
-        cached = self.prefix_cache is not None and right_aligned(mask.cpu())
-        hits = self.prefix_cache.lookup(ids.cpu(), mask.cpu()) if cached else []
+        cached = self.prefix_cache is not None and right_aligned(mask)
+        hits = self.prefix_cache.lookup(ids, mask) if cached else []
         device_ids, device_mask = ids.to(self.device), mask.to(self.device)
         if any(hits):
-            prefill = self._continue_prefill(device_ids, device_mask, hits)
+            prefill = self._continue_prefill(device_ids, device_mask, mask.sum(dim=1), hits)
         else:
             prefill = self._fresh_prefill(device_ids, device_mask)
             self.stats["prefill_tokens"] += ids.numel()
         if cached:
             layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
-            self.prefix_cache.store(ids.cpu(), mask.cpu(), Block(layers))
+            self.prefix_cache.store(ids, mask, Block(layers))
         self._sync()
         self.stats["prefill_s"] += time.perf_counter() - began
         return prefill
@@ -325,8 +326,14 @@ class HFRolloutEngine(RolloutEngine):
     def _forward_prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """The model over ``ids`` after what ``cache`` holds; the logits after the last column."""
-        extra = {"logits_to_keep": 1} if self._accepts_logits_to_keep else {}
+        """The model over ``ids`` after what ``cache`` holds; the logits after the last column.
+
+        The last column is asked for by index, not by count: a count makes the model slice its
+        hidden states to a ``[rows, 1, hidden]`` view that ``linear`` cannot flatten, and the
+        output projection then runs as one matrix-vector product per row, each reading the
+        whole vocabulary's weights."""
+        last = torch.tensor([ids.shape[1] - 1], device=ids.device)
+        extra = {"logits_to_keep": last} if self._accepts_logits_to_keep else {}
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -346,77 +353,76 @@ class HFRolloutEngine(RolloutEngine):
         return Prefill(cache, logits, mask, positions[:, -1:])
 
     def _continue_prefill(
-        self, ids: torch.Tensor, mask: torch.Tensor, hits: list[Hit | None]
+        self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, hits: list[Hit | None]
     ) -> Prefill:
-        """The prefill of prompts ``ids``/``mask [P, W]`` (on the device) where ``hits[i]``
-        holds the KV of prompt ``i``'s first tokens: the kept KV goes into the cache first
-        (right-aligned, ``past`` columns), the remaining tokens of each prompt (right-aligned,
-        ``suffix`` columns) run through the model after it, and the result is laid out as a
-        fresh prefill's: each prompt's tokens in the last columns of ``W``."""
+        """The prefill of prompts ``ids``/``mask [P, W]`` (on the device; ``lengths [P]`` real
+        tokens, on the CPU) where ``hits[i]`` holds the KV of prompt ``i``'s first tokens.
+
+        The cache has a fresh prefill's layout from the start (each prompt's tokens in the last
+        columns of ``W``): the kept KV is placed there, and the last ``suffix`` columns (every
+        prompt's new tokens, and for a prompt with fewer new tokens some kept ones, computed
+        again) run through the model after it and fill the rest. For a Llama-family model the
+        layers run written out (:func:`~polyrl_rollout_hf.fused_prefill.continue_prefill`),
+        otherwise through the model's forward."""
         from transformers import DynamicCache
 
         rows, width = ids.shape
         reused = torch.tensor([hit.length if hit else 0 for hit in hits])
-        lengths = mask.sum(dim=1).cpu()
-        past, suffix = int(reused.max()), int((lengths - reused).max())
-        reused_d, lengths_d = reused.to(self.device), lengths.to(self.device)
-        columns = torch.arange(past + suffix, device=self.device)
-        full_mask = torch.cat(
-            [
-                columns[:past] >= past - reused_d.unsqueeze(1),
-                columns[past:] >= past + suffix - (lengths_d - reused_d).unsqueeze(1),
-            ],
-            dim=1,
-        ).long()
-        positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)
+        suffix = int((lengths - reused).max())
+        layers = self._kept_kv(hits, lengths, width)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        fused = self.static_decode.fused if self.static_decode is not None else None
         cache = DynamicCache(config=self.model.config)
-        for index, kept in enumerate(self._kept_kv(hits, past, rows)):
-            cache.update(*kept, index)
-        logits = self._forward_prefill(
-            ids[:, width - suffix :], full_mask, positions[:, past:], cache
-        )
-        # column c of the fresh layout holds token j = c - (W - length) of its prompt: a kept
-        # one (j < reused) at past - reused + j, a new one at past + suffix - length + j
-        token = torch.arange(width, device=self.device) - (width - lengths_d.unsqueeze(1))
-        source = torch.where(
-            token < reused_d.unsqueeze(1),
-            past - reused_d.unsqueeze(1) + token,
-            past + suffix - lengths_d.unsqueeze(1) + token,
-        ).clamp(0, past + suffix - 1)
-        laid_out = DynamicCache(config=self.model.config)
-        for index, layer in enumerate(cache.layers):
-            kv_heads, head_dim = layer.keys.shape[1], layer.keys.shape[3]
-            gather = source[:, None, :, None].expand(rows, kv_heads, width, head_dim)
-            laid_out.update(layer.keys.gather(2, gather), layer.values.gather(2, gather), index)
+        new_ids, new_positions = ids[:, width - suffix :], positions[:, width - suffix :]
+        if fused is not None:
+            logits = continue_prefill(fused, new_ids, new_positions, mask, layers)
+            for index, (keys, values) in enumerate(layers):
+                cache.update(keys, values, index)
+        else:
+            for index, (keys, values) in enumerate(layers):
+                cache.update(keys[:, :, : width - suffix], values[:, :, : width - suffix], index)
+            logits = self._forward_prefill(new_ids, mask, new_positions, cache)
         self.stats["prefill_tokens"] += rows * suffix
         self.stats["prefix_tokens_reused"] += int(reused.sum())
-        return Prefill(laid_out, logits, mask, (lengths_d - 1).unsqueeze(1))
+        return Prefill(cache, logits, mask, positions[:, -1:])
 
     def _kept_kv(
-        self, hits: list[Hit | None], past: int, rows: int
+        self, hits: list[Hit | None], lengths: torch.Tensor, width: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the kept keys and values ``[rows, KV, past, D]``: each hit's KV in its
-        row's last columns (a kept block holds its prompts right-aligned too); zeros elsewhere,
-        which the mask hides."""
-        by_block: dict[int, tuple[Block, list[int], list[int]]] = {}
+        """Per layer, keys and values ``[rows, KV, width, D]`` holding each hit's KV where a
+        fresh prefill of its row would have it: a row of ``length`` real tokens has token ``j``
+        in column ``width - length + j`` (a kept block holds its rows right-aligned too, token
+        ``j`` of a kept row of ``reused`` tokens in column ``block.width - reused + j``). The
+        other columns hold zeros or other kept columns, which the mask hides or the caller
+        overwrites."""
+        by_block: dict[int, tuple[Block, list[int], list[int], list[int]]] = {}
         for row, hit in enumerate(hits):
             if hit is not None:
-                by_block.setdefault(id(hit.block), (hit.block, [], []))
-                by_block[id(hit.block)][1].append(row)
-                by_block[id(hit.block)][2].append(hit.row)
+                group = by_block.setdefault(id(hit.block), (hit.block, [], [], []))
+                group[1].append(row)
+                group[2].append(hit.row)
+                # column c of the row reads block column c - shift
+                group[3].append(width - int(lengths[row]) - (hit.block.width - hit.length))
+        moves = []
+        for block, targets, sources, shifts in by_block.values():
+            columns = torch.arange(width) - torch.tensor(shifts).unsqueeze(1)
+            moves.append(
+                (
+                    block,
+                    torch.tensor(targets, device=self.device),
+                    torch.tensor(sources, device=self.device).unsqueeze(1),
+                    columns.clamp(0, block.width - 1).to(self.device),
+                )
+            )
         layers = []
-        for index, (keys, _values) in enumerate(next(iter(by_block.values()))[0].layers):
-            shape = (rows, keys.shape[1], past, keys.shape[3])
+        for index, (keys, _values) in enumerate(moves[0][0].layers):
+            shape = (len(hits), keys.shape[1], width, keys.shape[3])
             kept = [keys.new_zeros(shape), keys.new_zeros(shape)]
-            for block, targets, sources in by_block.values():
-                to = torch.tensor(targets, device=self.device)
-                at = torch.tensor(sources, device=self.device)
+            for block, targets, sources, columns in moves:
                 for which in (0, 1):
-                    source = block.layers[index][which].index_select(0, at)
-                    if block.width >= past:
-                        kept[which][to] = source[:, :, block.width - past :]
-                    else:
-                        kept[which][to, :, past - block.width :] = source
+                    # [k, width, KV, D] -> [k, KV, width, D]
+                    taken = block.layers[index][which][sources, :, columns]
+                    kept[which][targets] = taken.transpose(1, 2)
             layers.append((kept[0], kept[1]))
         return layers
 

@@ -125,6 +125,29 @@ def _bias(linear: torch.nn.Module) -> torch.Tensor | None:
     return linear.bias
 
 
+def layer_weights(layer: torch.nn.Module) -> LayerWeights:
+    """``layer``'s tensors, read from its modules (a replaced parameter is seen at once)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return LayerWeights(
+        layer.input_layernorm.weight,
+        attention.q_proj.weight,
+        _bias(attention.q_proj),
+        attention.k_proj.weight,
+        _bias(attention.k_proj),
+        attention.v_proj.weight,
+        _bias(attention.v_proj),
+        attention.o_proj.weight,
+        _bias(attention.o_proj),
+        layer.post_attention_layernorm.weight,
+        mlp.gate_proj.weight,
+        _bias(mlp.gate_proj),
+        mlp.up_proj.weight,
+        _bias(mlp.up_proj),
+        mlp.down_proj.weight,
+        _bias(mlp.down_proj),
+    )
+
+
 class FusedDecodeStep:
     """The decode step of one Llama-family model over caller-owned static KV tensors.
 
@@ -153,28 +176,6 @@ class FusedDecodeStep:
             self.after = torch.compile(after_attention, fullgraph=True, options=options)
             self.head = torch.compile(final_logits, fullgraph=True, options=options)
 
-    @staticmethod
-    def _weights(layer: torch.nn.Module) -> LayerWeights:
-        attention, mlp = layer.self_attn, layer.mlp
-        return LayerWeights(
-            layer.input_layernorm.weight,
-            attention.q_proj.weight,
-            _bias(attention.q_proj),
-            attention.k_proj.weight,
-            _bias(attention.k_proj),
-            attention.v_proj.weight,
-            _bias(attention.v_proj),
-            attention.o_proj.weight,
-            _bias(attention.o_proj),
-            layer.post_attention_layernorm.weight,
-            mlp.gate_proj.weight,
-            _bias(mlp.gate_proj),
-            mlp.up_proj.weight,
-            _bias(mlp.up_proj),
-            mlp.down_proj.weight,
-            _bias(mlp.down_proj),
-        )
-
     def __call__(
         self,
         input_ids: torch.Tensor,
@@ -196,7 +197,7 @@ class FusedDecodeStep:
         x = x.squeeze(1)
         layers = zip(self.body.layers, self.layer_eps, caches, strict=True)
         for layer, eps, (keys, values) in layers:
-            w = self._weights(layer)  # read each call: a replaced parameter is seen at once
+            w = layer_weights(layer)  # read each call: a replaced parameter is seen at once
             kv_heads, head_dim = keys.shape[1], keys.shape[3]
             q, k, v = self.before(x, cos, sin, w, eps, kv_heads, head_dim)
             keys.index_copy_(2, column, k)
