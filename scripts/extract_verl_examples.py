@@ -11,9 +11,16 @@ Usage (with a verl git directory, e.g. the one the ``fetch`` tool brings)::
 The scripts are read, never run: a small reader of the shell forms they use (assignments with
 ``${VAR:-default}``, arrays and ``"${ARR[@]}"``, ``$((...))``, quoting, continuation lines)
 expands the variables each script sets, in file order. A value the script cannot know without
-running (``$HOME``, ``$(nproc)``) stays as written; ``$@`` is dropped. Where a script assigns a
-variable in both branches of an ``if``, the later text wins: the result is one plausible command
-line per script, which is what the compatibility test needs.
+running (``$HOME``, ``$(nproc)``) stays as written; ``$@`` is dropped. A lower-case variable the
+script never sets is the script's own (environment variables are upper case, POSIX leaves lower
+case to applications) and expands as bash expands it: to nothing, 0 in arithmetic, or, under
+``set -u``, it stops the script. Where a script assigns a variable in both branches of an
+``if``, the later text wins: the result is one plausible command line per script, which is what
+the compatibility test needs.
+
+Scripts that verl itself cannot run as written are listed under ``verl_fails`` with the reason:
+bash stops before launching verl (an unbound variable under ``set -u``), or verl's Hydra cannot
+parse an override.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ COMMAND_ENDS = ("|", "||", "&&", ";", "&")
 ASSIGNMENT = re.compile(
     r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)(\+?)=(.*)$", re.DOTALL
 )
+PATH_KEYS = ("path", "_files", "_dir")
+SET_OPTIONS = re.compile(r"^set((?:\s+[-+][A-Za-z]+)+)(?:\s+\w+)*$")
 CONDITION = re.compile(r"^(if|elif)\s+\[\[?\s+(\S+)\s+(==?|!=)\s+(\S+)\s+\]\]?\s*;?\s*(?:then)?$")
 
 
@@ -113,6 +122,17 @@ class Shell:
     def __init__(self) -> None:
         self.vars: dict[str, str] = {}
         self.arrays: dict[str, list[str]] = {}
+        self.nounset = False  # set -u
+        self.stopped: str | None = None  # why bash would stop the script, once it would
+
+    def unset(self, name: str, written: str, arithmetic: bool = False) -> str:
+        """The expansion of ``name`` that the script never set: ``written`` (as written) for an
+        environment variable, else what bash gives its own unset variable."""
+        if not name.islower():
+            return written
+        if self.nounset and self.stopped is None:
+            self.stopped = f"bash stops the script: {name}: unbound variable (set -u)"
+        return "0" if arithmetic else ""
 
     def assign(self, name: str, append: bool, value: str) -> None:
         value = value.strip()
@@ -193,27 +213,30 @@ class Shell:
         """``text`` starts with ``$``: its expansion and how many characters it used."""
         arith = re.match(r"\$\(\(((?:[^()]|\([^()]*\))*)\)\)", text)
         if arith:
-            expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", lambda m: self.vars.get(m[1], m[1]), arith[1])
+            expr = re.sub(r"\$?\{?([A-Za-z_]\w*)\}?", self._arithmetic_value, arith[1])
             value = arithmetic(expr)
             return (arith[0] if value is None else str(value)), arith.end()
         replace = re.match(r"\$\{([A-Za-z_]\w*)//([^/}]*)/([^}]*)\}", text)
         if replace:  # ${VAR//pattern/replacement}, a plain-text pattern
             value = self.vars.get(replace[1], "")
             return value.replace(replace[2], replace[3]), replace.end()
-        braced = re.match(r"\$\{([A-Za-z_]\w*|\d)(?::?([-=+])([^}]*))?\}", text)
-        if braced:
-            name, op, default = braced[1], braced[2], braced[3]
+        braced = re.match(r"\$\{([A-Za-z_]\w*|\d)(?::?([-=+]))?", text)
+        end = _closing_brace(text, braced.end()) if braced else -1
+        if braced and end >= 0 and (braced[2] or end == braced.end()):
+            name, op, default = braced[1], braced[2], text[braced.end() : end]
             if op == "+":  # ${VAR:+word}: word when VAR is set
-                return (default if self.vars.get(name) else ""), braced.end()
+                return (default if self.vars.get(name) else ""), end + 1
             if name in self.vars:
-                return self.vars[name], braced.end()
-            if default is not None:
+                return self.vars[name], end + 1
+            if op:
                 value = self.words(default)
-                return (value[0] if value else ""), braced.end()
-            return braced[0], braced.end()
+                return (value[0] if value else ""), end + 1
+            return self.unset(name, text[: end + 1]), end + 1
         plain = re.match(r"\$([A-Za-z_]\w*)", text)
         if plain:
-            return self.vars.get(plain[1], plain[0]), plain.end()
+            if plain[1] in self.vars:
+                return self.vars[plain[1]], plain.end()
+            return self.unset(plain[1], plain[0]), plain.end()
         if text.startswith(("$@", "$*")):
             return "", 2
         rest = re.match(r"\$\{@(:\d+)?\}", text)
@@ -223,6 +246,34 @@ class Shell:
         if sub:
             return sub[0], sub.end()
         return "$", 1
+
+    def _arithmetic_value(self, match: re.Match[str]) -> str:
+        name = match[1]
+        if name in self.vars:
+            return self.vars[name]
+        return self.unset(name, name, arithmetic=True)
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """The index of the ``}`` that closes a ``${`` whose word starts at ``start`` (a default
+    may hold quotes and ``${...}`` of its own), or -1."""
+    depth, quote = 0, None
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif text.startswith("${", i):
+            depth += 1
+            i += 1
+        elif ch == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return -1
 
 
 def arithmetic(expr: str) -> int | None:
@@ -252,12 +303,24 @@ def arithmetic(expr: str) -> int | None:
 
 
 def extract(text: str) -> list[str] | None:
+    """The overrides the script passes to verl's trainer (None: it launches none)."""
+    return read_launch(text)[0]
+
+
+def read_launch(text: str) -> tuple[list[str] | None, str | None]:
+    """The script's overrides, and why bash would stop before launching verl (None: it would
+    not)."""
     shell = Shell()
     branches = Branches(shell)
     for line in logical_lines(text):
         code = strip_comment(line).strip()
         if branches.consume(code) or not branches.active():
             continue
+        options = SET_OPTIONS.match(code)
+        if options:
+            for flags in options[1].split():
+                if "u" in flags:
+                    shell.nounset = flags.startswith("-")
         if ENTRY in code:
             words = shell.words(code)
             start = next(i for i, w in enumerate(words) if ENTRY in w)
@@ -267,10 +330,29 @@ def extract(text: str) -> list[str] | None:
                     break
                 if word.strip():
                     args.append(word)
-            return args
+            return args, shell.stopped
         match = ASSIGNMENT.match(code)
         if match:
             shell.assign(match[1], bool(match[2]), match[3])
+    return None, None
+
+
+def hydra_refusal(args: list[str]) -> str | None:
+    """verl's Hydra's error for the first override it cannot parse. Left out: values that still
+    hold a ``$`` (the machine's shell would have expanded them) and paths (``<path_to_...>``
+    placeholders: a user writes their own paths anyway)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        key = arg.partition("=")[0]
+        if arg.startswith("--") or "$" in arg or key.endswith(PATH_KEYS):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # noqa: BLE001 - Hydra's parse error, reported as verl's
+            detail = (str(exc).splitlines()[1:2] or [str(exc)])[0].strip()
+            return f"verl's Hydra cannot parse {arg!r}: {detail}"
     return None
 
 
@@ -359,34 +441,46 @@ def write_keys(repo: str) -> None:
 
 
 def config_files(repo: str, lines: dict[str, list[str]]) -> dict[str, str]:
-    """The yaml files that ``--config-path=$(pwd)/<folder>`` of a script names."""
-    folders = {
-        arg.removeprefix("--config-path=$(pwd)/")
-        for args in lines.values()
-        for arg in args
-        if arg.startswith("--config-path=$(pwd)/")
+    """The yaml files that ``--config-path=$(pwd)/<folder>`` of a script names, and those that
+    a ``*_config_path=$(pwd)/<file>`` override names (tool and interaction configs)."""
+    folders, named = set(), set()
+    for args in lines.values():
+        for arg in args:
+            key, _, value = arg.partition("=")
+            if key == "--config-path" and value.startswith("$(pwd)/"):
+                folders.add(value.removeprefix("$(pwd)/"))
+            elif key.endswith("_config_path") and value.startswith("$(pwd)/"):
+                named.add(value.removeprefix("$(pwd)/"))
+    paths = {
+        path
+        for folder in folders
+        for path in git(repo, "ls-tree", "--name-only", "HEAD", f"{folder}/").splitlines()
     }
-    files = {}
-    for folder in sorted(folders):
-        for path in git(repo, "ls-tree", "--name-only", "HEAD", f"{folder}/").splitlines():
-            if path.endswith(".yaml"):
-                files[path] = git(repo, "show", f"HEAD:{path}")
-    return files
+    tracked = set(git(repo, "ls-tree", "-r", "--name-only", "HEAD").splitlines())
+    paths |= named & tracked
+    return {
+        path: git(repo, "show", f"HEAD:{path}") for path in sorted(paths) if path.endswith(".yaml")
+    }
 
 
 def main(repo: str) -> None:
     commit = git(repo, "rev-parse", "HEAD").strip()
-    lines = {}
+    lines, fails = {}, {}
     for path in scripts(repo):
-        args = extract(git(repo, "show", f"HEAD:{path}"))
-        if args is not None:
-            lines[path] = args
+        args, stopped = read_launch(git(repo, "show", f"HEAD:{path}"))
+        if args is None:
+            continue
+        lines[path] = args
+        reason = stopped or hydra_refusal(args)
+        if reason:
+            fails[path] = reason
     json.dump(
         {
             "source": "https://github.com/volcengine/verl (Apache-2.0): the command-line "
             "overrides of its examples/ scripts, extracted by scripts/extract_verl_examples.py",
             "commit": commit,
             "scripts": lines,
+            "verl_fails": fails,
             "configs": config_files(repo, lines),
         },
         sys.stdout,

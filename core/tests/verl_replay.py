@@ -3,7 +3,9 @@
 
 Each script is validated with ``trainer.device=cuda`` (verl's scripts are written for GPUs);
 its outcome is one of: ``validates``, ``refused`` (every problem is a verl feature polyrl
-refuses in one line), ``unknown`` (a key polyrl does not know) or ``other`` (any other problem).
+refuses in one line), ``unknown`` (a key polyrl does not know), ``verl_fails`` (verl cannot run
+the script as written either: the fixture's ``verl_fails`` says why) or ``other`` (any other
+problem).
 With ``split_hardware`` a script that validates is validated once more as written, and counts
 as ``accepted`` (valid as written) or ``hardware`` (valid only with ``trainer.device=cuda``:
 the script asks for GPUs this machine has not); the test leaves that second pass out. Also
@@ -77,11 +79,18 @@ VALIDATES = ("validates", "accepted", "hardware")
 
 
 def replay(
-    script: str, args: list[str], configs: dict[str, str], tmp: Path, split_hardware: bool = False
+    script: str,
+    args: list[str],
+    configs: dict[str, str],
+    tmp: Path,
+    split_hardware: bool = False,
+    verl_fails: dict[str, str] | None = None,
 ) -> Outcome:
-    overrides = local_overrides(args)
-    overrides = _with_local_config_files(overrides, configs, tmp)
+    verl_fails = verl_fails or {}
+    overrides = local_overrides(_with_local_config_files(args, configs, tmp))
     with_cuda = _problems([*overrides, "trainer.device=cuda"])
+    if script in verl_fails:
+        return Outcome(script, "verl_fails", [f"verl fails too: {verl_fails[script]}", *with_cuda])
     if with_cuda:
         if any("unknown config key" in p for p in with_cuda):
             return Outcome(script, "unknown", with_cuda)
@@ -105,31 +114,34 @@ def _problems(args: list[str]) -> list[str]:
 
 
 def _with_local_config_files(args: list[str], configs: dict[str, str], tmp: Path) -> list[str]:
-    """``--config-path=$(pwd)/examples/...``: the fixture carries those files; written to tmp."""
+    """``--config-path=$(pwd)/examples/...`` and ``..._config_path=$(pwd)/<file>``: the fixture
+    carries those files; written to tmp."""
     out = []
     for arg in args:
-        match = re.match(r"--config-path=\$\(pwd\)/(.*)", arg)
-        if match:
-            folder = tmp / match[1]
-            for path, text in configs.items():
-                if path.startswith(match[1] + "/"):
-                    (tmp / path).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / path).write_text(text)
-            arg = f"--config-path={folder}"
+        key, sep, value = arg.partition("=")
+        if sep and value.startswith("$(pwd)/"):
+            local = value.removeprefix("$(pwd)/")
+            carried = [p for p in configs if p == local or p.startswith(local + "/")]
+            for path in carried:
+                (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / path).write_text(configs[path])
+            if carried:
+                arg = f"{key}={tmp / local}"
         out.append(arg)
     return out
 
 
 def replay_all(tmp: Path, split_hardware: bool = False) -> list[Outcome]:
     fixture = load_fixture()
-    configs = fixture.get("configs", {})
+    configs, fails = fixture.get("configs", {}), fixture.get("verl_fails", {})
     return [
-        replay(s, a, configs, tmp, split_hardware) for s, a in sorted(fixture["scripts"].items())
+        replay(s, a, configs, tmp, split_hardware, fails)
+        for s, a in sorted(fixture["scripts"].items())
     ]
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, int]:
-    kinds = ("accepted", "hardware", "validates", "refused", "unknown", "other")
+    kinds = ("accepted", "hardware", "validates", "refused", "unknown", "verl_fails", "other")
     found = {k: sum(o.kind == k for o in outcomes) for k in kinds}
     return {k: n for k, n in found.items() if n or k not in ("accepted", "hardware", "validates")}
 

@@ -96,8 +96,12 @@ def _without_removed(overrides: list[str]) -> list[str]:
 
 def _as_list_value(override: str) -> str:
     """``trainer.logger=console`` -> ``trainer.logger=[console]``: verl accepts a scalar where a
-    list is declared, so a verl command line must work here too."""
+    list is declared, so a verl command line must work here too. Likewise an empty value of a
+    boolean key (``use_kl_loss=``, what bash makes of an unset variable) reads as false: verl's
+    config classes keep the empty string, which its code tests as false."""
     key, sep, value = override.partition("=")
+    if sep and value == "" and schema_types().get(key.lstrip("+~")) == "true or false":
+        return f"{key}=false"
     if not sep or value.startswith("[") or value in ("null", ""):
         return override
     if schema_types().get(key.lstrip("+~")) == "a list, e.g. [a,b]":
