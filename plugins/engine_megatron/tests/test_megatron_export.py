@@ -32,8 +32,15 @@ from polyrl.api.testing import build_tiny_model, schema_config
 from polyrl.checkpoint import CheckpointManager, save_driver_state
 from polyrl.export import checkpoint_reader, export_checkpoint
 from polyrl_engine_kit.checkpoint import CheckpointError, loop_state
-from polyrl_engine_megatron.checkpoint import EXTRA_STATE, read_checkpoint, shard_name
-from polyrl_engine_megatron.convert import GPTShape, hf_to_megatron, pipeline_stages, stage_shards
+from polyrl_engine_megatron.checkpoint import EXTRA_STATE, STAGE_LAYERS, read_checkpoint, shard_name
+from polyrl_engine_megatron.convert import (
+    EVEN,
+    GPTShape,
+    StageSplit,
+    hf_to_megatron,
+    pipeline_stages,
+    stage_shards,
+)
 
 torch.set_num_threads(1)
 # the modules of a local-spec GPTModel whose state_dict() has an ``_extra_state`` entry
@@ -106,13 +113,20 @@ def _optimizer_state(weights: dict[str, torch.Tensor]) -> dict:
 
 
 def _write_megatron_checkpoint(
-    folder: str, hf: dict[str, torch.Tensor], hf_config: object, tp: int, pp: int
+    folder: str,
+    hf: dict[str, torch.Tensor],
+    hf_config: object,
+    tp: int,
+    pp: int,
+    split: StageSplit = EVEN,
 ) -> None:
-    """``folder`` as a Megatron engine of ``tp`` x ``pp`` ranks (data-parallel size 1) saves it."""
+    """``folder`` as a Megatron engine of ``tp`` x ``pp`` ranks (data-parallel size 1) saves it,
+    its stages split as ``split`` says (recorded in the layout when uneven)."""
     os.makedirs(folder, exist_ok=True)
     shape = GPTShape.from_hf_config(hf_config, tp)
     whole = hf_to_megatron(hf, shape)
-    for pp_rank, stage in enumerate(pipeline_stages(shape.num_layers, pp)):
+    stages = pipeline_stages(shape.num_layers, pp, split)
+    for pp_rank, stage in enumerate(stages):
         local = stage_shards(whole, shape, stage)
         for tp_rank in range(tp):
             weights = {name: parts[tp_rank] for name, parts in local.items()}
@@ -122,21 +136,33 @@ def _write_megatron_checkpoint(
             }
             torch.save(state, os.path.join(folder, shard_name(tp_rank, pp_rank, pp)))
     layout = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
+    if not split.even:
+        layout[STAGE_LAYERS] = [stage.num_layers for stage in stages]
     for rank in range(tp * pp):
         extra = {**loop_state(1, None, torch.device("cpu")), "layout": layout}
         torch.save(extra, os.path.join(folder, EXTRA_STATE.format(rank=rank)))
 
 
 @pytest.mark.parametrize(
-    ("model", "tp", "pp"),
-    [("tiny", 1, 1), ("tiny", 2, 1), ("tiny", 1, 2), ("tiny", 2, 2), ("llama", 4, 2)],
-    ids=["tiny-tp1", "tiny-tp2", "tiny-pp2", "tiny-tp2-pp2", "llama-tp4-pp2"],
+    ("model", "tp", "pp", "split"),
+    [
+        ("tiny", 1, 1, StageSplit()),
+        ("tiny", 2, 1, StageSplit()),
+        ("tiny", 1, 2, StageSplit()),
+        ("tiny", 2, 2, StageSplit()),
+        ("llama", 4, 2, StageSplit()),
+        # the embedding counted as a layer: the first stage holds no decoder layer
+        ("tiny", 2, 3, StageSplit(embedding=True)),
+    ],
+    ids=["tiny-tp1", "tiny-tp2", "tiny-pp2", "tiny-tp2-pp2", "llama-tp4-pp2", "tiny-uneven-pp3"],
 )
-def test_reader_gives_back_the_hf_weights_exactly(tmp_path, model: str, tp: int, pp: int) -> None:
+def test_reader_gives_back_the_hf_weights_exactly(
+    tmp_path, model: str, tp: int, pp: int, split: StageSplit
+) -> None:
     model_path = _tiny() if model == "tiny" else _llama()
     hf, hf_config = _trained_weights(model_path)
     folder = str(tmp_path / "actor")
-    _write_megatron_checkpoint(folder, hf, hf_config, tp, pp)
+    _write_megatron_checkpoint(folder, hf, hf_config, tp, pp, split)
     read = read_checkpoint(folder, OmegaConf.create(_config(model_path)), model_path)
     assert type(read).__name__ == type(AutoModelForCausalLM.from_config(hf_config)).__name__
     state = read.state_dict()

@@ -8,7 +8,13 @@ from test_megatron_convert import QWEN2
 
 from polyrl.api import ConfigError
 from polyrl_engine_megatron.convert import GPTShape
-from polyrl_engine_megatron.transformer_overrides import KEY, Recompute, recompute_plan, split
+from polyrl_engine_megatron.transformer_overrides import (
+    KEY,
+    Recompute,
+    recompute_plan,
+    split,
+    uneven_stage_problems,
+)
 
 VERL_RECOMPUTE = {
     "recompute_granularity": "full",
@@ -37,20 +43,27 @@ def test_verls_moe_script_overrides_split() -> None:
     assert all("has no effect in polyrl" in line for line in notices)
 
 
-def test_keys_the_model_sets_and_uneven_stages_are_refused() -> None:
-    _, problems, _ = split(
+def test_keys_the_model_sets_and_explicit_layouts_are_refused_uneven_stages_pass() -> None:
+    passed, problems, _ = split(
         {
             "hidden_size": 64,
             "num_layers_in_last_pipeline_stage": 1,
             "account_for_loss_in_pipeline_split": False,
+            "pipeline_model_parallel_layout": "Et|tL",
         }
     )
+    assert passed == {"num_layers_in_last_pipeline_stage": 1}  # False: megatron's default
     assert problems == [
         f"{KEY}.hidden_size=64: the Megatron engine sets hidden_size from the model's HF config "
         f"and its own settings; remove it",
-        f"{KEY}.num_layers_in_last_pipeline_stage=1 asks for uneven pipeline stages (verl); "
-        f"polyrl does not support it: use an even split (pipeline_model_parallel_size dividing "
-        f"the layers)",
+        f"{KEY}.pipeline_model_parallel_layout=Et|tL asks for megatron-core's explicit pipeline "
+        f"layout (verl); polyrl does not support it: use num_layers_in_first/last_pipeline_stage "
+        f"or account_for_embedding/loss_in_pipeline_split",
+    ]
+    assert uneven_stage_problems({"num_layers_in_last_pipeline_stage": 1}, 2) == []
+    assert uneven_stage_problems({"num_layers_in_last_pipeline_stage": 1}, 1) == [
+        f"{KEY}.{{num_layers_in_last_pipeline_stage=1}} places layers on pipeline stages, but "
+        f"pipeline_model_parallel_size is 1; remove them or set pipeline_model_parallel_size > 1"
     ]
 
 

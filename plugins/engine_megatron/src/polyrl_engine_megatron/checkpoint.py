@@ -33,9 +33,12 @@ from polyrl_engine_megatron.convert import (
     is_tied_copy,
     megatron_to_hf,
     pipeline_stages,
+    stages_of,
 )
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
+# the layout's decoder layers per pipeline stage, recorded when the stages are uneven
+STAGE_LAYERS = "num_layers_per_stage"
 # what megatron-core's modules add to a state_dict() besides weights (None for the local spec)
 _MODULE_STATE_SUFFIX = "._extra_state"
 
@@ -127,7 +130,14 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
     model, _settings = model_in_one_process(cfg, model_path)
     shape = GPTShape.from_hf_config(model.config, tp)
     state: dict[str, torch.Tensor] = {}
-    for pp_rank, stage in enumerate(pipeline_stages(shape.num_layers, pp)):
+    counts = layout.get(STAGE_LAYERS)
+    stages = stages_of(counts) if counts else pipeline_stages(shape.num_layers, pp)
+    if len(stages) != pp or sum(s.num_layers for s in stages) != shape.num_layers:
+        raise CheckpointError(
+            f"{extra_path!r} places {counts} decoder layers on {pp} stages; the HF model of "
+            f"{model_path!r} has {shape.num_layers}: export with the model the run trained"
+        )
+    for pp_rank, stage in enumerate(stages):
         shards = [_read_shard(path, shard_name(t, pp_rank, pp)) for t in range(tp)]
         for local in shards[0]:
             if local.endswith(_MODULE_STATE_SUFFIX) or is_tied_copy(local, shape, stage):

@@ -14,12 +14,14 @@ from omegaconf import OmegaConf
 
 from polyrl.api import pool_of, role_world
 from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
-from polyrl_engine_megatron.transformer_overrides import split
+from polyrl_engine_megatron.transformer_overrides import split, uneven_stage_problems
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 MEGATRON = f"{ACTOR}.megatron"
 REF_MEGATRON = f"{REF}.megatron"
+OPTIMIZER_OVERRIDES = f"{ACTOR}.optim.override_optimizer_config"
+FLOAT32 = ("float32", "fp32", "torch.float32")
 DTYPES_SUPPORTED = ("bfloat16", "float32")
 
 
@@ -41,6 +43,44 @@ def dtype_problem(model: Any) -> str | None:
         f"actor_rollout_ref.model.dtype={dtype_name(model)!r}: the Megatron engine computes in "
         f"bfloat16 or float32 (float32 master weights either way); use one of those"
     )
+
+
+def optimizer_override_lines(overrides: Any) -> tuple[list[str], list[str]]:
+    """``(problems, notices)`` of ``optim.override_optimizer_config`` (a
+    :class:`.settings.OptimizerOverrides` node), one line each."""
+    problems, notices = [], []
+    fraction = overrides.optimizer_offload_fraction
+    if not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+        problems.append(
+            f"{OPTIMIZER_OVERRIDES}.optimizer_offload_fraction={fraction!r}: give the share of "
+            f"the parameters whose optimizer step runs on the CPU, from 0.0 to 1.0"
+        )
+    for key in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = str(getattr(overrides, key))
+        if value not in FLOAT32:
+            problems.append(
+                f"{OPTIMIZER_OVERRIDES}.{key}={value} asks for lower-precision optimizer state "
+                f"(verl's precision-aware optimizer); polyrl does not support it: the Megatron "
+                f"engine keeps float32 master weights, gradients and moments, use float32"
+            )
+    why = {
+        "use_precision_aware_optimizer": "the master weights, gradients and moments are float32 "
+        "already, the precision-aware optimizer's defaults",
+        "overlap_cpu_optimizer_d2h_h2d": "the copies between the GPU and pinned host memory "
+        "are asynchronous either way; the host step starts once the gradients are there",
+        "use_torch_optimizer_for_cpu_offload": "the host step is torch's AdamW either way",
+    }
+    notices += [
+        f"{OPTIMIZER_OVERRIDES}.{key}=True (verl) has no effect in polyrl: {reason}"
+        for key, reason in why.items()
+        if bool(getattr(overrides, key))
+    ]
+    if fraction and not overrides.optimizer_cpu_offload:
+        notices.append(
+            f"{OPTIMIZER_OVERRIDES}.optimizer_offload_fraction={fraction} (verl) has no effect "
+            f"in polyrl without optimizer_cpu_offload=true, as in megatron-core"
+        )
+    return problems, notices
 
 
 def _sizes(megatron: Any) -> tuple[int, int]:
@@ -129,8 +169,11 @@ def check_config(cfg: Any) -> list[str]:
     ]
     for node, megatron in ((MEGATRON, actor.megatron), (REF_MEGATRON, ref.megatron)):
         given = OmegaConf.to_container(megatron.override_transformer_config, resolve=True)
-        problems += split(given, f"{node}.override_transformer_config")[1]
+        where = f"{node}.override_transformer_config"
+        problems += split(given, where)[1]
+        problems += uneven_stage_problems(given, megatron.pipeline_model_parallel_size, where)
     problems += _critic_problems(cfg)
+    problems += optimizer_override_lines(actor.optim.override_optimizer_config)[0]
     sizes = parallel_problems(actor.megatron)
     if not sizes:  # the reference's sizes follow the actor's unless set
         sizes = parallel_problems(ref.megatron, REF_MEGATRON)

@@ -160,25 +160,127 @@ class PipelineStage:
         return f"{prefix}decoder.layers.{local}.{leaf}"
 
 
-def pipeline_stages(num_layers: int, pipeline_parallel: int) -> list[PipelineStage]:
-    """The stages of an even split of ``num_layers`` decoder layers (megatron-core's default
-    layout); a :class:`ConfigError` when they do not divide evenly."""
-    if num_layers % pipeline_parallel:
+PP_KEY = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
+SPLIT_KEY = "actor_rollout_ref.actor.megatron.override_transformer_config"
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """megatron-core's uneven pipeline layouts, ``TransformerConfig`` keys that verl's scripts
+    set in ``megatron.override_transformer_config``: ``first`` / ``last``
+    (``num_layers_in_first/last_pipeline_stage``) decoder layers on the first / last stage and
+    the rest split evenly over the middle stages; or ``embedding`` / ``loss``
+    (``account_for_embedding/loss_in_pipeline_split``) counting the embedding / the output
+    layer as one more layer of the first / last stage in an even split."""
+
+    first: int | None = None
+    last: int | None = None
+    embedding: bool = False
+    loss: bool = False
+
+    KEYS = (
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+    )
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any]) -> StageSplit:
+        first, last, embedding, loss = (overrides.get(key) for key in cls.KEYS)
+        return cls(first=first, last=last, embedding=bool(embedding), loss=bool(loss))
+
+    @property
+    def even(self) -> bool:
+        return self == EVEN
+
+
+EVEN = StageSplit()  # megatron-core's default: the layers split evenly
+
+
+def stage_layer_counts(
+    num_layers: int, pipeline_parallel: int, split: StageSplit = EVEN
+) -> list[int]:
+    """How many decoder layers each stage holds, as megatron-core places them
+    (``get_num_layers_to_build``); a :class:`ConfigError` line where they do not fit."""
+    if pipeline_parallel == 1:
+        return [num_layers]
+    if split.first is not None or split.last is not None:
+        return _first_last_counts(num_layers, pipeline_parallel, split)
+    extra = int(split.embedding) + int(split.loss)
+    if (num_layers + extra) % pipeline_parallel:
+        counted = f"{num_layers} decoder layers" + (
+            f" plus {extra} for the embedding/loss (account_for_*_in_pipeline_split)"
+            if extra
+            else " (num_hidden_layers)"
+        )
         raise ConfigError(
-            f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pipeline_parallel} "
-            f"does not divide the model's {num_layers} decoder layers (num_hidden_layers); "
-            f"pick a divisor of {num_layers}"
+            f"{PP_KEY}={pipeline_parallel} does not divide the model's {counted}; pick a "
+            f"divisor, or set {SPLIT_KEY}.num_layers_in_first/last_pipeline_stage"
         )
-    per_stage = num_layers // pipeline_parallel
-    return [
-        PipelineStage(
-            first_layer=stage * per_stage,
-            num_layers=per_stage,
-            is_first=stage == 0,
-            is_last=stage == pipeline_parallel - 1,
+    per_stage = (num_layers + extra) // pipeline_parallel
+    counts = [per_stage] * pipeline_parallel
+    counts[0] -= int(split.embedding)
+    counts[-1] -= int(split.loss)
+    return counts
+
+
+def _first_last_counts(num_layers: int, pipeline_parallel: int, split: StageSplit) -> list[int]:
+    if split.embedding or split.loss:
+        raise ConfigError(
+            f"{SPLIT_KEY}: num_layers_in_first/last_pipeline_stage and "
+            f"account_for_*_in_pipeline_split exclude each other (megatron-core); keep one"
         )
-        for stage in range(pipeline_parallel)
-    ]
+    given = [n for n in (split.first, split.last) if n is not None]
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in given):
+        raise ConfigError(
+            f"{SPLIT_KEY}.num_layers_in_first/last_pipeline_stage={given}: give positive "
+            f"numbers of decoder layers"
+        )
+    middle_stages = pipeline_parallel - len(given)
+    middle_layers = num_layers - sum(given)
+    if (
+        middle_layers < 0
+        or bool(middle_layers) != bool(middle_stages)
+        or (middle_stages and middle_layers % middle_stages)
+    ):
+        raise ConfigError(
+            f"{SPLIT_KEY}.num_layers_in_first/last_pipeline_stage={given} leave "
+            f"{middle_layers} of the model's {num_layers} decoder layers for "
+            f"{middle_stages} other stage(s) of {PP_KEY}={pipeline_parallel}; they must split "
+            f"evenly (none left with no other stage)"
+        )
+    per_stage = middle_layers // middle_stages if middle_stages else 0
+    counts = [per_stage] * pipeline_parallel
+    if split.first is not None:
+        counts[0] = split.first
+    if split.last is not None:
+        counts[-1] = split.last
+    return counts
+
+
+def pipeline_stages(
+    num_layers: int, pipeline_parallel: int, split: StageSplit = EVEN
+) -> list[PipelineStage]:
+    """The stages of ``num_layers`` decoder layers split as megatron-core splits them (evenly
+    unless ``split`` says otherwise)."""
+    return stages_of(stage_layer_counts(num_layers, pipeline_parallel, split))
+
+
+def stages_of(counts: Sequence[int]) -> list[PipelineStage]:
+    """The stages holding ``counts[i]`` consecutive decoder layers each."""
+    stages, first = [], 0
+    for index, count in enumerate(counts):
+        stages.append(
+            PipelineStage(
+                first_layer=first,
+                num_layers=count,
+                is_first=index == 0,
+                is_last=index == len(counts) - 1,
+            )
+        )
+        first += count
+    return stages
 
 
 def stage_shards(

@@ -59,20 +59,31 @@ from polyrl_engine_kit.training import (
     require_trainable,
 )
 from polyrl_engine_megatron import checkpoint as mckpt
-from polyrl_engine_megatron.checks import dtype_problem, parallel_problems
+from polyrl_engine_megatron.checks import (
+    dtype_problem,
+    optimizer_override_lines,
+    parallel_problems,
+)
 from polyrl_engine_megatron.convert import (
     GPTShape,
     PipelineStage,
+    StageSplit,
     is_tied_copy,
     megatron_to_hf,
     pipeline_stages,
     split_dim,
 )
+from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
-from polyrl_engine_megatron.transformer_overrides import Recompute, recompute_plan, split
+from polyrl_engine_megatron.transformer_overrides import (
+    Recompute,
+    recompute_plan,
+    split,
+    uneven_stage_problems,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +139,31 @@ def _transformer_overrides(
     """The role's ``megatron.override_transformer_config``: the keys passed to
     ``TransformerConfig`` and the recompute to apply, after the same checks as ``polyrl
     validate``; what has no effect is logged once, by rank 0."""
-    given = OmegaConf.to_container(_megatron_node(ctx).override_transformer_config, resolve=True)
+    megatron = _megatron_node(ctx)
+    given = OmegaConf.to_container(megatron.override_transformer_config, resolve=True)
     passed, problems, notices = split(given)
+    problems += uneven_stage_problems(given, megatron.pipeline_model_parallel_size)
     if problems:
         raise ConfigError("; ".join(problems))
     for line in notices if ctx.rank == 0 else ():
         log.warning("%s", line)
     recompute, _ = recompute_plan(given, gradient_checkpointing=gradient_checkpointing)
     return passed, recompute
+
+
+def _cpu_offload(ctx: EngineContext) -> CpuOffloadSettings:
+    """The role's ``optim.override_optimizer_config`` (verl's Megatron optimizer overrides; the
+    critic's optim has none: its defaults), after the same checks as ``polyrl validate``; what
+    has no effect is logged once, by rank 0."""
+    given = (ctx.engine.get("optim") or {}).get("override_optimizer_config") or {}
+    node = schema_node({"optim": {"override_optimizer_config": given}}, "actor_rollout_ref.actor")
+    overrides = node.optim.override_optimizer_config
+    problems, notices = optimizer_override_lines(overrides)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    for line in notices if ctx.rank == 0 else ():
+        log.warning("%s", line)
+    return CpuOffloadSettings.from_node(overrides)
 
 
 def _join_process_group(ctx: EngineContext) -> torch.device:
@@ -173,14 +201,15 @@ class MegatronEngine(TrainingEngine):
 
         self.hf_config = load_hf_config(ctx.model_path, self.settings)
         self.shape = GPTShape.from_hf_config(self.hf_config, self.tp)
-        stages = pipeline_stages(self.shape.num_layers, self.pp)
+        overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
+        self.split = StageSplit.from_overrides(overrides)
+        stages = pipeline_stages(self.shape.num_layers, self.pp, self.split)
         self.stage = stages[self.pp_rank]
         self.mesh = DataParallelRank(
             dp_rank=parallel_state.get_data_parallel_rank(),
             dp_size=self.dp_size,
             returns_output=self.tp_rank == 0 and self.stage.is_last,
         )
-        overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
         self.model = build_gpt_model(
             self.shape,
             self.hf_config,
@@ -188,6 +217,7 @@ class MegatronEngine(TrainingEngine):
             pipeline_parallel=self.pp,
             recompute=recompute,
             overrides=overrides,
+            device=self.device,
         )
         load_hf_weights(
             self.model,
@@ -219,8 +249,10 @@ class MegatronEngine(TrainingEngine):
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        cpu_offload = _cpu_offload(ctx) if self.trainable else CpuOffloadSettings()
+        self.host_step = HostStep(self.model.parameters(), cpu_offload)
         if self.trainable:
-            self.optimizer = build_adamw(self.model.parameters(), self.settings.optim)
+            self.optimizer = build_adamw(self.host_step.stepped, self.settings.optim)
             self.scheduler = build_scheduler(self.optimizer, self.settings.optim)
         else:
             self.model.requires_grad_(False)
@@ -428,9 +460,12 @@ class MegatronEngine(TrainingEngine):
                     grad.mul_(clip / (grad_norm + 1e-6))
             for param, grad in zip(params, grads):
                 param.grad = grad
+            self.host_step.gradients_to_host()
             with self.offload.optimizer_step():
                 self.optimizer.step()
+            self.host_step.weights_from_host()
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         advance_schedule(self.scheduler, skipped)
         self.global_step += 1
         return grad_norm, lr
@@ -480,11 +515,18 @@ class MegatronEngine(TrainingEngine):
                 layout=self._layout(),
             )
         self.offload.park_optimizer()
+        self.host_step.refresh()
         self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
-    def _layout(self) -> dict[str, int]:
-        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp}
+    def _layout(self) -> dict[str, Any]:
+        layout: dict[str, Any] = {
+            "tensor_model_parallel_size": self.tp,
+            "pipeline_model_parallel_size": self.pp,
+        }
+        if not self.split.even:  # uneven stages: what the reader needs to place the layers
+            layout[mckpt.STAGE_LAYERS] = [s.num_layers for s in self.stage_weights.stages]
+        return layout
 
     def _shard(self) -> str:
         return mckpt.shard_name(self.tp_rank, self.pp_rank, self.pp)

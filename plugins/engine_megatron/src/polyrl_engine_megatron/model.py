@@ -142,14 +142,19 @@ def build_gpt_model(
     pipeline_parallel: int,
     recompute: Recompute,
     overrides: dict[str, Any] | None = None,
+    device: torch.device | None = None,
 ) -> Any:
-    """This stage's GPTModel (float32 parameters, uninitialised) on the current CUDA device,
-    the layers or submodules that ``recompute`` names recomputed in the backward; checks that
-    megatron-core placed the stage's layers where ``stage`` says."""
+    """This stage's GPTModel (float32 parameters, uninitialised) on ``device`` (the current
+    CUDA device by default; the CPU for tests), the layers or submodules that ``recompute``
+    names recomputed in the backward; checks that megatron-core placed the stage's layers where
+    ``stage`` says."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu":  # megatron-core allocates on the current CUDA device otherwise
+        overrides = {**(overrides or {}), "use_cpu_initialization": True}
     config = transformer_config(
         shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides
     )
@@ -166,7 +171,7 @@ def build_gpt_model(
         parallel_output=True,
         pre_process=stage.is_first,
         post_process=stage.is_last,
-    ).cuda(torch.cuda.current_device())
+    ).to(device)
     built = (get_transformer_layer_offset(config), len(model.decoder.layers))
     if built != (stage.first_layer, stage.num_layers):
         raise RuntimeError(

@@ -5,7 +5,8 @@ GPU for the call only, so a colocated rollout engine has the GPU's memory meanwh
 
 What moves, as verl moves it: the parameters' storage (``param.data``, so the optimizer and
 megatron-core keep the same ``Parameter`` objects), and AdamW's moment estimates (every tensor
-of the optimizer state except the step counter, which torch keeps where the optimizer wants it).
+of the optimizer state except the step counter, which torch keeps where the optimizer wants it;
+the state of a parameter the optimizer steps on the host, :mod:`.cpu_optimizer`, stays there).
 Gradients need no move: the engine frees them after each optimizer step, so none are held
 between calls (``grad_offload`` is satisfied by the step itself). Each call moves the weights
 once each way; an update of several mini-batches moves them per mini-batch, since the engine
@@ -121,7 +122,9 @@ class HostOffload:
         if optimizer is None:
             return
         pinned_host = self.device.type == "cuda"
-        for state in optimizer.state.values():
+        for param, state in optimizer.state.items():
+            if param.device == self.host and target != self.host:
+                continue  # a host copy's state (optimizer_cpu_offload): it steps on the host
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key not in KEPT_IN_PLACE:
                     state[key] = _moved(value, target, target.type == "cpu" and pinned_host)

@@ -17,6 +17,7 @@ from typing import Any
 from polyrl_engine_kit.settings import LORA_SECTIONS
 
 ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
+ACTOR_OPTIMIZER_OVERRIDES = "actor_rollout_ref.actor.optim.override_optimizer_config"
 REF_MEGATRON = "actor_rollout_ref.ref.megatron"
 CRITIC_MEGATRON = "critic.megatron"
 
@@ -49,6 +50,35 @@ class MegatronSettings:
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class OptimizerOverrides:
+    """verl's ``optim.override_optimizer_config``: the keys of megatron-core's
+    ``OptimizerConfig`` that verl's Megatron scripts set, at megatron-core's defaults (read by
+    :mod:`.cpu_optimizer`, judged by :func:`.checks.optimizer_override_lines`).
+
+    ``optimizer_cpu_offload``: the AdamW step of the first ``optimizer_offload_fraction`` of the
+    parameters (by element count, in the model's order, as megatron-core's hybrid optimizer
+    takes them) runs on float32 host copies, whose moments live in host memory; the updated
+    weights are copied back. ``pin_cpu_grads`` / ``pin_cpu_params``: those host copies in
+    page-locked memory (CUDA). The rest has no effect here or is refused: the engine's master
+    weights, gradients and moments are float32 already (``use_precision_aware_optimizer`` with
+    the float32 dtypes changes nothing; other dtypes are refused), the host step is torch's
+    AdamW either way, and the copies are asynchronous either way.
+    """
+
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    use_precision_aware_optimizer: bool = False
+    use_torch_optimizer_for_cpu_offload: bool = False
+    pin_cpu_grads: bool = True
+    pin_cpu_params: bool = True
+    main_grads_dtype: str = "float32"
+    main_params_dtype: str = "float32"
+    exp_avg_dtype: str = "float32"
+    exp_avg_sq_dtype: str = "float32"
+
+
 def _following_actor() -> MegatronSettings:
     values: dict[str, Any] = {
         f.name: f"${{{ACTOR_MEGATRON}.{f.name}}}"
@@ -64,4 +94,5 @@ CONFIG_SECTIONS = {
     ACTOR_MEGATRON: MegatronSettings,
     REF_MEGATRON: FOLLOWING_ACTOR,
     CRITIC_MEGATRON: FOLLOWING_ACTOR,
+    ACTOR_OPTIMIZER_OVERRIDES: OptimizerOverrides,
 }

@@ -17,7 +17,10 @@ Each key is one of:
 - **set by the model or the engine** (sizes, normalization, dtypes, the loss's scaling): the
   HF checkpoint and the engine fix these; an override is refused.
 - **uneven pipeline stages** (``num_layers_in_first/last_pipeline_stage``,
-  ``account_for_*_in_pipeline_split``): refused, the engine splits layers evenly.
+  ``account_for_*_in_pipeline_split``): passed to ``TransformerConfig``, and the engine's own
+  stage layout (:class:`.convert.StageSplit`: weight conversion, streaming, checkpoints) follows
+  them; they need ``pipeline_model_parallel_size`` > 1. megatron-core's explicit
+  ``pipeline_model_parallel_layout`` is refused.
 - **no effect** (Transformer Engine / apex fusions, ``attention_backend``, MoE settings): the
   engine's local layer spec has no fused kernels to switch on (its core attention is its own)
   and its models have no experts; accepted with a note.
@@ -69,8 +72,8 @@ UNEVEN_STAGES = (
     "num_layers_in_last_pipeline_stage",
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
-    "pipeline_model_parallel_layout",
 )
+LAYOUT = "pipeline_model_parallel_layout"
 NO_EFFECT = (
     "masked_softmax_fusion",
     "bias_activation_fusion",
@@ -120,13 +123,16 @@ def split(
                 f"{where}.{key}={value}: the Megatron engine sets {key} from the model's HF "
                 f"config and its own settings; remove it"
             )
+        elif key == LAYOUT:
+            if value is not None:
+                problems.append(
+                    f"{where}.{key}={value} asks for megatron-core's explicit pipeline layout "
+                    f"(verl); polyrl does not support it: use num_layers_in_first/last_pipeline_"
+                    f"stage or account_for_embedding/loss_in_pipeline_split"
+                )
         elif key in UNEVEN_STAGES:
             if value not in (None, False):
-                problems.append(
-                    f"{where}.{key}={value} asks for uneven pipeline stages (verl); polyrl does "
-                    f"not support it: use an even split (pipeline_model_parallel_size dividing "
-                    f"the layers)"
-                )
+                passed[key] = value
         elif key in NO_EFFECT or key.startswith(NO_EFFECT_PREFIXES):
             notices.append(
                 f"{where}.{key}={value} (verl) has no effect in polyrl: the Megatron engine's "
@@ -137,6 +143,21 @@ def split(
             passed[key] = value
     _, recompute_problems = recompute_plan(overrides, gradient_checkpointing=False, where=where)
     return passed, problems + recompute_problems, notices + _absent_modules(overrides, where)
+
+
+def uneven_stage_problems(
+    overrides: Mapping[str, Any], pipeline_parallel: Any, where: str = KEY
+) -> list[str]:
+    """The uneven-stage keys of ``overrides`` need several stages; their values are checked
+    against the model's layers when the engine is built (:func:`.convert.stage_layer_counts`)."""
+    given = {k: v for k, v in overrides.items() if k in UNEVEN_STAGES and v not in (None, False)}
+    if not given or pipeline_parallel != 1:
+        return []
+    keys = ", ".join(f"{k}={v}" for k, v in given.items())
+    return [
+        f"{where}.{{{keys}}} places layers on pipeline stages, but pipeline_model_parallel_size "
+        f"is 1; remove them or set pipeline_model_parallel_size > 1"
+    ]
 
 
 def recompute_plan(
