@@ -12,8 +12,11 @@ def polyrl_environments() -> Iterator[EnvironmentSpec]:
     yield EnvironmentSpec(
         name="tools",
         description="The model calls Python tools (verl's tool-config YAML, "
-        "multi_turn.tool_config_path) until it answers; the answer is scored by the reward",
+        "multi_turn.tool_config_path) until it answers; the answer is scored by the reward, or "
+        "verl's interactions (multi_turn.interaction_config_path) answer it as the user",
         environment="polyrl_env_tools.environment:ToolEnvironment",
+        user_turns=True,
+        config_check="polyrl_env_tools.settings:check_config",
         config_sections={
             "actor_rollout_ref.rollout.multi_turn": "polyrl_env_tools.settings:ToolSettings"
         },

@@ -4,6 +4,7 @@ Light on purpose: imported whenever a config is composed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -21,8 +22,18 @@ class ToolSettings:
     number, added to the episode's score (shaping; 0: none)."""
 
     tool_config_path: str | None = None
+    interaction_config_path: str | None = None
     tool_timeout_s: float = 10.0
     max_tool_output_bytes: int = 65536
     system_prompt: str | None = None
     prefill: str = ""
     tool_success_reward: float = 0.0
+
+
+def check_config(cfg: Any) -> list[str]:
+    """The interaction config's problems, one line each, for ``polyrl validate`` (before Ray
+    starts; the user's classes are located, not run)."""
+    from polyrl_env_tools.interactions import check_interaction_config
+
+    path = cfg.actor_rollout_ref.rollout.multi_turn.get("interaction_config_path")
+    return check_interaction_config(str(path)) if path else []
