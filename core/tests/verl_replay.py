@@ -40,6 +40,8 @@ LOCAL_PATHS = {
     "actor_rollout_ref.model.lora_adapter_path": str(
         Path(__file__).parent / "fixtures" / "verl_lora_adapter"
     ),
+    # verl's example curriculum sampler lives in verl's tests (it imports verl): its equivalent
+    "data.sampler.class_path": str(Path(__file__).parent / "fixtures" / "verl_sampler.py"),
     # a reward function file of verl's repository (every script names compute_score)
     "custom_reward_function.path": str(Path(__file__).parent / "fixtures" / "verl_reward.py"),
 }

@@ -63,6 +63,15 @@ class AlgorithmConfig:
 
 
 @dataclass
+class SamplerConfig:
+    """verl's custom sampler (polyrl.data.sampler): ``class_path`` (``pkg://dotted.module`` or a
+    file path) and ``class_name``; null: data.shuffle's order."""
+
+    class_path: Any = None
+    class_name: Any = None
+
+
+@dataclass
 class DataConfig:
     train_files: Any = MISSING  # a path or a list of paths
     val_files: Any = None
@@ -84,6 +93,7 @@ class DataConfig:
     # data_source has no scorer) are dropped with a count up to this share of a file's rows;
     # above it the run refuses to start (polyrl.data.unteachable).
     max_unteachable_share: float = 0.1
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass

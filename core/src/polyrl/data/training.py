@@ -68,14 +68,15 @@ def training_data_from_files(
     validate: Callable[[Any, StepContext], dict[str, float] | ValidationResult],
 ) -> TrainingData:
     """``dataset(files, tokenizer, cfg.data)`` of ``data.train_files`` in a
-    ``loader(train_set, data.train_batch_size, shuffle=, seed=)``; with ``data.val_files``, the
-    validation ``validate(val_set, ctx)`` on ``dataset`` of those."""
+    ``loader(train_set, data.train_batch_size, shuffle=, seed=)`` (with ``data.sampler``, a
+    :class:`polyrl.data.sampler.SamplerLoader` in the order of the user's sampler); with
+    ``data.val_files``, the validation ``validate(val_set, ctx)`` on ``dataset`` of those."""
     from functools import partial
 
     from polyrl.data.sources import resolve_data_files
 
     train_set = dataset(resolve_data_files(cfg.data.train_files, "train"), tokenizer, cfg.data)
-    batches = loader(
+    batches = _sampled(cfg, loader, train_set) or loader(
         train_set,
         int(cfg.data.train_batch_size),
         shuffle=bool(cfg.data.shuffle),
@@ -85,3 +86,22 @@ def training_data_from_files(
         return TrainingData(batches)
     val_set = dataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
     return TrainingData(batches, partial(validate, val_set))
+
+
+def _sampled(cfg: Any, loader: Callable[..., BatchLoader], train_set: Any) -> BatchLoader | None:
+    """verl's ``data.sampler`` over the prompts (None when unset). Only prompt batches are
+    drawn by a sampler: an algorithm whose data loader is its own is refused one."""
+    from polyrl.data.loader import PromptLoader
+    from polyrl.data.sampler import SamplerLoader, build_sampler
+    from polyrl.errors import ConfigError
+
+    if cfg.data.sampler.class_path is None:
+        return None
+    if loader is not PromptLoader:
+        raise ConfigError(
+            f"data.sampler orders prompt batches; this algorithm loads its data with "
+            f"{getattr(loader, '__name__', loader)}: unset data.sampler.class_path"
+        )
+    return SamplerLoader(
+        train_set, int(cfg.data.train_batch_size), sampler=build_sampler(cfg.data, train_set)
+    )

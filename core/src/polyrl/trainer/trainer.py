@@ -494,7 +494,10 @@ class RLTrainer:
         return save_freq > 0 and (step % save_freq == 0 or step == self.total_steps)
 
     def _train_step(self, step: int) -> dict[str, float]:
+        from polyrl.data.sampler import after_step
+
         state = self._run_step(step)
+        after_step(self.loader, state.batch)  # a curriculum sampler's update(batch), as verl's
         metrics = dict(state.metrics)
         metrics.update(step_batch_metrics(state.batch, state.metrics))
         metrics.update(timing_and_throughput(state.timing, state.batch, self.world_size))

@@ -22,7 +22,10 @@ DATA_FILE_KEYS = ("data.train_files", "data.val_files")
 
 def check_data(checker: Checker) -> None:
     from polyrl.data.chat_template import KWARGS_KEY, kwargs_problem
+    from polyrl.data.sampler import sampler_problems
 
+    for line in sampler_problems(checker.cfg.data.sampler):
+        checker.add(line)
     kwargs = checker.get(KWARGS_KEY)
     problem = kwargs_problem(None if kwargs is MISSING else kwargs)
     if problem:

@@ -1,0 +1,177 @@
+"""verl's custom samplers: ``data.sampler.class_path`` / ``data.sampler.class_name``.
+
+The class is loaded as verl loads it (``pkg://dotted.module`` or ``pkg://dotted/module``
+imports a module; ``file://path.py`` or a plain path loads a file) and built as
+``cls(data_source=<the train dataset>, data_config=<the data section>)``. It must be iterable
+(dataset positions, one pass per epoch) and sized. The prompt batches then come from it
+(:class:`SamplerLoader`, in place of ``data.shuffle``'s order), drawn as each step starts.
+
+A curriculum sampler (one with ``update(batch)``, verl's ``AbstractCurriculumSampler``) is told
+each finished training step's batch (:func:`after_step`): polyrl's :class:`polyrl.batch.Batch`
+(``batch["data_source"]``, ``batch["token_level_scores"]`` ...), where verl passes its
+``DataProto``. A sampler that iterates lazily sees that before the next batch is drawn.
+
+Resume stays exact only if the sampler can say where it stands: with ``state_dict()`` and
+``load_state_dict(state)`` (torchdata's stateful-sampler convention: after loading, ``iter()``
+yields the rest of the pass the state was taken in, and the state holds the curriculum's own
+too) its state goes into every checkpoint; without them, resuming is refused in one line
+instead of silently drawing other prompts than the interrupted run would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from polyrl.data.loader import PromptLoader
+from polyrl.errors import ConfigError, DataError
+
+PKG_PREFIX = "pkg://"
+FILE_PREFIX = "file://"
+KEY = "data.sampler"
+
+
+def _target(class_path: str) -> tuple[str, str]:
+    """``("module", dotted name)`` or ``("file", path)`` of verl's class path forms."""
+    if class_path.startswith(PKG_PREFIX):
+        return "module", class_path[len(PKG_PREFIX) :].replace("/", ".")
+    return "file", class_path.removeprefix(FILE_PREFIX)
+
+
+def sampler_problems(sampler: Any) -> list[str]:
+    """What is wrong with the ``data.sampler`` node, found without running the user's code."""
+    class_path, class_name = sampler.get("class_path"), sampler.get("class_name")
+    if class_path is None and class_name is None:
+        return []
+    if not class_path or not class_name:
+        return [
+            f"{KEY}.class_path and {KEY}.class_name go together (the module or file, and the "
+            "sampler class in it); set both, or neither for data.shuffle's order"
+        ]
+    kind, where = _target(str(class_path))
+    if kind == "file":
+        if not Path(where).expanduser().is_file():
+            return [f"{KEY}.class_path={class_path!r}: no such file (pkg://dotted.module imports)"]
+        return []
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError) as exc:
+        return [f"{KEY}.class_path={class_path!r}: cannot import {where} ({exc})"]
+    return [] if found else [f"{KEY}.class_path={class_path!r}: no module {where}"]
+
+
+def load_sampler_class(class_path: str, class_name: str) -> type:
+    """The class ``class_name`` of ``class_path`` (verl's ``load_extern_object``)."""
+    kind, where = _target(class_path)
+    try:
+        module = importlib.import_module(where) if kind == "module" else _module_from_file(where)
+    except Exception as exc:  # the user's module failing to import: one line
+        raise ConfigError(
+            f"{KEY}.class_path={class_path!r} does not import ({type(exc).__name__}: {exc})"
+        ) from exc
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise ConfigError(f"{KEY}.class_name={class_name!r} is not a class in {class_path}")
+    return cls
+
+
+def _module_from_file(path: str) -> Any:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no file {file}")
+    name = f"polyrl_sampler_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def build_sampler(data_config: Any, dataset: Any) -> Any:
+    """The user's sampler over ``dataset``, built as verl builds it."""
+    node = data_config.sampler
+    cls = load_sampler_class(str(node.class_path), str(node.class_name))
+    sampler = cls(data_source=dataset, data_config=data_config)
+    if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
+        raise ConfigError(
+            f"{KEY}.class_name={node.class_name!r} must be a sampler (iterable over dataset "
+            "positions, with a length), like torch's Sampler"
+        )
+    return sampler
+
+
+class SamplerLoader(PromptLoader):
+    """Prompt batches in the order the user's ``sampler`` gives, one pass per epoch; the
+    incomplete tail of a pass is dropped, as with ``drop_last``."""
+
+    def __init__(self, dataset: Any, batch_size: int, *, sampler: Any) -> None:
+        super().__init__(dataset, batch_size, shuffle=False)
+        self.sampler = sampler
+        self._pass: Iterator[Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def next_indices(self, count: int | None = None) -> list[int]:
+        count = self.batch_size if count is None else int(count)
+        if self._pass is None:
+            self._pass = iter(self.sampler)
+        chosen = self._take(count)
+        if len(chosen) < count:  # the pass ran out: the next epoch's first batch
+            self.epoch += 1
+            self.position = 0
+            self._pass = iter(self.sampler)
+            chosen = self._take(count)
+            if len(chosen) < count:
+                raise DataError(
+                    f"{KEY}.class_name={type(self.sampler).__name__} yields {len(chosen)} "
+                    f"prompts per pass, fewer than a batch of {count}"
+                )
+        self.position += count
+        return chosen
+
+    def _take(self, count: int) -> list[int]:
+        assert self._pass is not None
+        return [int(i) for _, i in zip(range(count), self._pass)]
+
+    def update(self, batch: Any) -> None:
+        """A curriculum sampler's ``update(batch)``, after each training step."""
+        update = getattr(self.sampler, "update", None)
+        if callable(update):
+            update(batch=batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        saver = getattr(self.sampler, "state_dict", None)
+        return {
+            **super().state_dict(),
+            "sampler": saver() if callable(saver) and self._resumable() else None,
+            "sampler_class": type(self.sampler).__name__,
+        }
+
+    def _resumable(self) -> bool:
+        return callable(getattr(self.sampler, "load_state_dict", None))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("sampler") is None:
+            name = state.get("sampler_class", type(self.sampler).__name__)
+            raise DataError(
+                f"cannot resume exactly: the sampler {name} ({KEY}.class_name) has no "
+                "state_dict()/load_state_dict(), so the prompts it would draw next are unknown; "
+                "give it those methods (torchdata's stateful-sampler convention) or start a new run"
+            )
+        super().load_state_dict(state)
+        self.sampler.load_state_dict(state["sampler"])
+        self._pass = None  # iter() continues the pass the state was taken in
+
+
+def after_step(loader: Any, batch: Any) -> None:
+    """Tell a curriculum sampler the finished step's batch (verl calls ``update`` there)."""
+    if isinstance(loader, SamplerLoader):
+        loader.update(batch)
