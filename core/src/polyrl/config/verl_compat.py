@@ -204,8 +204,9 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "critic.model.target_modules": Refused("a LoRA critic", "full fine-tuning of the critic"),
     "*.model.external_lib": Refused("importing a module to register models", "remove it"),
     "*.model.hf_config_path": Refused("a separate model config folder", "remove it"),
-    "*.model.enable_activation_offload": Refused(
-        "activation offload", "enable_gradient_checkpointing"
+    # the actor's is polyrl-engine-fsdp's (FSDPModelSettings); the critic's is not implemented
+    "critic.model.enable_activation_offload": Refused(
+        "activation offload of the critic", "critic.model.enable_gradient_checkpointing"
     ),
     "*.model.tiled_mlp.*": Refused("tiled MLP", "enable_gradient_checkpointing"),
     "*.model.use_shm": NoEffect("weights are read from the model's folder"),

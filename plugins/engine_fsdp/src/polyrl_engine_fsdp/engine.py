@@ -26,7 +26,7 @@ import os
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ from polyrl.api import (
     MicroBatchValueLossFn,
     ModelHead,
     TrainingEngine,
+    schema_node,
     tensor_parallel_mesh,
 )
 from polyrl_engine_fsdp import checkpoint as ckpt
@@ -115,6 +116,8 @@ class FSDPEngine(TrainingEngine):
         join_default_group(ctx, default_backend(self.device))
         seed_everything(ctx.seed)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
+        model_node = schema_node(ctx.model, "actor_rollout_ref.model")
+        self.activation_offload = self.trainable and bool(model_node.enable_activation_offload)
         self.head = ModelHead(ctx.head)
         master = torch_dtype(self.settings.master_dtype)  # verl's fsdp_config.model_dtype
         model = load_hf_model(ctx.model_path, self.settings, self.device, self.head, master)
@@ -292,7 +295,10 @@ class FSDPEngine(TrainingEngine):
         groups, dummies = self._micro_batches(mini_batch, training=True)
         self.model.train()
         peak = StepPeakMemory(self.device)
-        with self._gathering(len(groups) + dummies) as gathering:
+        with (
+            self._gathering(len(groups) + dummies) as gathering,
+            offloaded_activations(self.activation_offload, self.device),
+        ):
             result = accumulate(mini_batch, groups, self.device, micro_loss, gathering.backward)
             for _ in range(dummies):
                 self._dummy_pass(backward=gathering.backward)
@@ -429,6 +435,16 @@ class FSDPEngine(TrainingEngine):
             )
             del merged
         dist.barrier()
+
+
+def offloaded_activations(enabled: bool, device: torch.device) -> AbstractContextManager:
+    """verl's ``enable_activation_offload``: while it is open, every tensor autograd saves for
+    the backward is moved to host memory (pinned on CUDA) and brought back when the backward
+    uses it; the GPU then holds no activations between a micro-batch's forward and backward,
+    at the price of the copies. The gradients are those without it."""
+    if not enabled:
+        return nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
 
 
 def ulysses_size(ctx: EngineContext, hf_config: object) -> int:

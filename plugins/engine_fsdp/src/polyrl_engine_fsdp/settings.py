@@ -59,11 +59,16 @@ class FSDPSettings:
 
 @dataclass
 class FSDPModelSettings(LoraModelSettings):
-    """The FSDP engine's keys of ``actor_rollout_ref.model``: the engine kit's LoRA keys, and
+    """The FSDP engine's keys of ``actor_rollout_ref.model``: the engine kit's LoRA keys,
     ``use_liger``: Liger-Kernel's RoPE/RMSNorm/SwiGLU, on CUDA with
-    ``polyrl-engine-fsdp[cuda]``."""
+    ``polyrl-engine-fsdp[cuda]``, and verl's ``enable_activation_offload``: the actor's
+    activations saved for the backward wait in host memory (torch's ``save_on_cpu``) from each
+    micro-batch's forward to its backward; same gradients, less GPU memory, more copying.
+    With gradient checkpointing only the checkpointed layers' inputs are saved, so it moves
+    those."""
 
     use_liger: bool = True
+    enable_activation_offload: bool = False
 
 
 @dataclass
