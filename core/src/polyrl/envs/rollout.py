@@ -20,6 +20,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from polyrl.envs.chat import ChatTokens
@@ -42,6 +43,8 @@ from polyrl.interfaces import SamplingParams
 from polyrl.seeding import derive_seed
 
 if TYPE_CHECKING:
+    import torch
+
     from polyrl.batch import Batch
 
 T = TypeVar("T")
@@ -181,18 +184,11 @@ class MultiTurnRollout:
         self, live: list[Trajectory], generate: GenerateFn, params: SamplingParams, turn: int
     ) -> list[AssistantTurn]:
         """One assistant turn of every live episode, sampled together."""
-        import torch
 
         from polyrl.batch import Batch
 
-        contexts = [t.prompt_ids + t.tokens for t in live]
+        ids, mask = left_padded([t.prompt_ids + t.tokens for t in live])
         left = [self.budget - len(t.tokens) for t in live]
-        width = max(map(len, contexts))
-        ids = torch.full((len(live), width), 0, dtype=torch.long)
-        mask = torch.zeros((len(live), width), dtype=torch.long)
-        for i, context in enumerate(contexts):
-            ids[i, width - len(context) :] = torch.tensor(context)
-            mask[i, width - len(context) :] = 1
         per_turn = self.max_tokens_per_turn
         if per_turn is not None:
             left = [min(n, per_turn) for n in left]
@@ -202,15 +198,15 @@ class MultiTurnRollout:
         )
         out = generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_params)
         lengths = out["response_mask"].sum(-1).tolist()
+        # one conversion of each tensor, not one per episode
+        responses = out["responses"].long().tolist()
         sampled_lp = out.get("rollout_log_probs")
+        log_probs = sampled_lp.float().tolist() if sampled_lp is not None else None
         turns = []
         for i, traj in enumerate(live):
             n = min(int(lengths[i]), left[i])
-            sampled = [int(x) for x in out["responses"][i, :n].tolist()]
-            lp = [float(x) for x in sampled_lp[i, :n].tolist()] if sampled_lp is not None else None
-            if lp is None:
-                lp = [0.0] * n
-            traj.append(sampled, lp)
+            sampled = responses[i][:n]
+            traj.append(sampled, log_probs[i][:n] if log_probs is not None else [0.0] * n)
             traj.assistant_turns += 1
             text = traj.prefill + self.chat.tokenizer.decode(sampled, skip_special_tokens=True)
             traj.prefill = ""
@@ -293,6 +289,21 @@ class MultiTurnRollout:
         else:
             traj.result = EpisodeResult(reward=0.0)
             traj.metrics["finish_failed"] += 1
+
+
+def left_padded(contexts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask [len(contexts), longest]`` of token lists, each
+    right-aligned after zeros (one conversion of all tokens: per-row tensors cost more than the
+    rest of a turn's bookkeeping)."""
+    import numpy as np
+    import torch
+
+    lengths = np.fromiter(map(len, contexts), dtype=np.int64, count=len(contexts))
+    width = int(lengths.max()) if len(contexts) else 0
+    mask = np.arange(width) >= width - lengths[:, None]
+    ids = np.zeros(mask.shape, dtype=np.int64)
+    ids[mask] = np.fromiter(chain.from_iterable(contexts), dtype=np.int64, count=int(lengths.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
 def _optional_int(value: Any) -> int | None:
