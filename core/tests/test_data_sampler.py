@@ -126,7 +126,7 @@ def test_a_sampler_without_state_is_refused_resume_in_one_line(samplers: Path) -
 
 def test_the_sampler_is_loaded_as_verl_loads_it(samplers: Path) -> None:
     data = OmegaConf.create({"sampler": {"class_path": f"file://{samplers}", "class_name": "x"}})
-    with pytest.raises(ConfigError, match="class_name='x' is not a class in file://"):
+    with pytest.raises(ConfigError, match="'x' is not a class in data.sampler.class_path='file://"):
         build_sampler(data, Dataset())
     module = {"class_path": "pkg://polyrl/data/sampler", "class_name": "SamplerLoader"}
     assert sampler_problems(OmegaConf.create(module)) == []  # verl's pkg:// with slashes

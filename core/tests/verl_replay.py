@@ -42,6 +42,8 @@ LOCAL_PATHS = {
     ),
     # verl's example curriculum sampler lives in verl's tests (it imports verl): its equivalent
     "data.sampler.class_path": str(Path(__file__).parent / "fixtures" / "verl_sampler.py"),
+    # verl's example dataset classes subclass verl's RLHFDataset: its contract without verl
+    "data.custom_cls.path": str(Path(__file__).parent / "fixtures" / "verl_dataset.py"),
     # a reward function file of verl's repository (every script names compute_score)
     "custom_reward_function.path": str(Path(__file__).parent / "fixtures" / "verl_reward.py"),
 }

@@ -72,6 +72,15 @@ class SamplerConfig:
 
 
 @dataclass
+class CustomDatasetConfig:
+    """verl's custom dataset class (polyrl.data.custom_dataset): ``path`` (``pkg://dotted.module``
+    or a file path) and ``name``; null: the files are read as verl-format parquet."""
+
+    path: Any = None
+    name: Any = None
+
+
+@dataclass
 class DataConfig:
     train_files: Any = MISSING  # a path or a list of paths
     val_files: Any = None
@@ -94,6 +103,7 @@ class DataConfig:
     # above it the run refuses to start (polyrl.data.unteachable).
     max_unteachable_share: float = 0.1
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
 
 
 @dataclass

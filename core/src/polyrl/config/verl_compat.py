@@ -110,12 +110,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "*.megatron.virtual_pipeline_model_parallel_size": Refused(
         "interleaved (virtual) pipeline parallelism", "pipeline_model_parallel_size alone"
     ),
-    "*.megatron.use_dist_checkpointing": Refused(
-        "loading Megatron dist-checkpoints", "actor_rollout_ref.model.path (a Hugging Face folder)"
-    ),
-    "*.megatron.dist_checkpointing_*": Refused(
-        "loading Megatron dist-checkpoints", "actor_rollout_ref.model.path (a Hugging Face folder)"
-    ),
     "*.megatron.override_*": Refused("overriding Megatron's model/DDP config", "remove it"),
     "*.megatron.use_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
     "*.megatron.vanilla_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
@@ -301,7 +295,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "data.return_*": NoEffect("polyrl's dataset applies the chat template itself"),
     "data.image_*": Refused("vision-language data", "text-only data"),
     "data.video_key": Refused("vision-language data", "text-only data"),
-    "data.custom_cls.*": Refused("a custom dataset class", "a parquet file or builtin: source"),
     "data.datagen.*": Refused("a data generator", "a parquet file or builtin: source"),
     "data.tokenizer": Refused(
         "a separate data tokenizer", "actor_rollout_ref.model.tokenizer_path"

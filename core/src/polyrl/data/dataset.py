@@ -22,6 +22,7 @@ from typing import Any
 
 from polyrl.config.schema import DataConfig
 from polyrl.data.chat_template import template_kwargs
+from polyrl.data.custom_dataset import custom_dataset_class, custom_records
 from polyrl.data.unteachable import settle_unteachable
 from polyrl.errors import DataError
 
@@ -75,7 +76,9 @@ class RLDataset:
     ``prompt_key``, ``reward_fn_key`` (the column naming the scorer, default ``data_source``),
     ``max_prompt_length``, ``filter_overlong_prompts``, ``truncation``
     (``error`` | ``left`` | ``right``), ``apply_chat_template`` (with
-    ``apply_chat_template_kwargs`` passed to the template) and ``max_unteachable_share``.
+    ``apply_chat_template_kwargs`` passed to the template), ``max_unteachable_share`` and
+    ``custom_cls`` (verl's custom dataset class, whose items replace the files' rows:
+    :mod:`polyrl.data.custom_dataset`).
 
     With ``has_scorer`` (see :func:`polyrl.data.unteachable.scorer_check`), rows whose
     ``data_source`` it rejects cannot teach: they are dropped with a count, or refused above
@@ -104,6 +107,9 @@ class RLDataset:
         self.template_kwargs = template_kwargs(data_cfg)
         max_share = float(_cfg(data_cfg, "max_unteachable_share", DataConfig.max_unteachable_share))
         self.has_scorer = has_scorer
+        self.data_cfg = data_cfg
+        # verl's data.custom_cls: the user's dataset class yields the rows (custom_dataset.py)
+        self.custom_class = custom_dataset_class(data_cfg)
         self.unteachable: Counter[str] = Counter()
         if self.truncation not in TRUNCATION_MODES:
             raise DataError(
@@ -165,6 +171,10 @@ class RLDataset:
 
     # ---- reading and checking -------------------------------------------------------------------
     def _read(self, file: str) -> list[dict[str, Any]]:
+        if self.custom_class is not None:
+            return custom_records(
+                self.custom_class, file, self.tokenizer, self.data_cfg, self.prompt_key
+            )
         table = read_parquet(file, "data")
         columns = set(table.column_names)
         required = (self.source_key, self.prompt_key, "reward_model")

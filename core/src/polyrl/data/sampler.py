@@ -20,27 +20,14 @@ instead of silently drawing other prompts than the interrupted run would have.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from polyrl.data.loader import PromptLoader
+from polyrl.data.user_code import load_user_class, location_problem
 from polyrl.errors import ConfigError, DataError
 
-PKG_PREFIX = "pkg://"
-FILE_PREFIX = "file://"
 KEY = "data.sampler"
-
-
-def _target(class_path: str) -> tuple[str, str]:
-    """``("module", dotted name)`` or ``("file", path)`` of verl's class path forms."""
-    if class_path.startswith(PKG_PREFIX):
-        return "module", class_path[len(PKG_PREFIX) :].replace("/", ".")
-    return "file", class_path.removeprefix(FILE_PREFIX)
 
 
 def sampler_problems(sampler: Any) -> list[str]:
@@ -53,51 +40,14 @@ def sampler_problems(sampler: Any) -> list[str]:
             f"{KEY}.class_path and {KEY}.class_name go together (the module or file, and the "
             "sampler class in it); set both, or neither for data.shuffle's order"
         ]
-    kind, where = _target(str(class_path))
-    if kind == "file":
-        if not Path(where).expanduser().is_file():
-            return [f"{KEY}.class_path={class_path!r}: no such file (pkg://dotted.module imports)"]
-        return []
-    try:
-        found = importlib.util.find_spec(where)
-    except (ImportError, ValueError) as exc:
-        return [f"{KEY}.class_path={class_path!r}: cannot import {where} ({exc})"]
-    return [] if found else [f"{KEY}.class_path={class_path!r}: no module {where}"]
-
-
-def load_sampler_class(class_path: str, class_name: str) -> type:
-    """The class ``class_name`` of ``class_path`` (verl's ``load_extern_object``)."""
-    kind, where = _target(class_path)
-    try:
-        module = importlib.import_module(where) if kind == "module" else _module_from_file(where)
-    except Exception as exc:  # the user's module failing to import: one line
-        raise ConfigError(
-            f"{KEY}.class_path={class_path!r} does not import ({type(exc).__name__}: {exc})"
-        ) from exc
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise ConfigError(f"{KEY}.class_name={class_name!r} is not a class in {class_path}")
-    return cls
-
-
-def _module_from_file(path: str) -> Any:
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"no file {file}")
-    name = f"polyrl_sampler_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+    problem = location_problem(f"{KEY}.class_path", str(class_path))
+    return [problem] if problem else []
 
 
 def build_sampler(data_config: Any, dataset: Any) -> Any:
     """The user's sampler over ``dataset``, built as verl builds it."""
     node = data_config.sampler
-    cls = load_sampler_class(str(node.class_path), str(node.class_name))
+    cls = load_user_class(f"{KEY}.class_path", str(node.class_path), str(node.class_name))
     sampler = cls(data_source=dataset, data_config=data_config)
     if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
         raise ConfigError(

@@ -22,9 +22,12 @@ DATA_FILE_KEYS = ("data.train_files", "data.val_files")
 
 def check_data(checker: Checker) -> None:
     from polyrl.data.chat_template import KWARGS_KEY, kwargs_problem
+    from polyrl.data.custom_dataset import custom_dataset_problems
     from polyrl.data.sampler import sampler_problems
 
     for line in sampler_problems(checker.cfg.data.sampler):
+        checker.add(line)
+    for line in custom_dataset_problems(checker.cfg.data.custom_cls):
         checker.add(line)
     kwargs = checker.get(KWARGS_KEY)
     problem = kwargs_problem(None if kwargs is MISSING else kwargs)
@@ -34,8 +37,8 @@ def check_data(checker: Checker) -> None:
     source_key = checker.get("data.reward_fn_key")
     columns = [c for c in (source_key, prompt_key) if isinstance(c, str)]
     columns += list(REQUIRED_COLUMNS_FIXED)
-    if _algorithm_brings_own_data(checker):
-        columns = []
+    if _algorithm_brings_own_data(checker) or checker.cfg.data.custom_cls.path is not None:
+        columns = []  # the algorithm's or verl's custom dataset class reads the files
     for key, required in zip(DATA_FILE_KEYS, (True, False)):
         value = checker.get(key)
         if value is MISSING or value is None or value == []:
