@@ -41,6 +41,15 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(build_tiny_model(str(tmp_path_factory.mktemp("tiny"))))
 
 
+def interaction_rollout(tokenizer, multi_turn) -> tuple[ToolEnvironment, MultiTurnRollout]:
+    """The tools environment without tools, its interactions from ``multi_turn``."""
+    env = ToolEnvironment(env_context(multi_turn), tools=[])
+    chat = ChatTokens(tokenizer, [EOS_TOKEN_ID])
+    return env, MultiTurnRollout(
+        env, chat, multi_turn, max_response_length=200, max_prompt_length=64
+    )
+
+
 def write_config(path: Path, *entries: dict) -> str:
     import yaml
 
@@ -50,15 +59,7 @@ def write_config(path: Path, *entries: dict) -> str:
 
 def test_verls_gsm8k_interaction_plays_the_user_and_scores_the_episode(tokenizer, tmp_path):
     path = write_config(tmp_path / "i.yaml", {"name": "gsm8k", "class_name": VERL_GSM8K})
-    multi_turn = settings(interaction_config_path=path, max_user_turns=None)
-    env = ToolEnvironment(env_context(multi_turn), tools=[])
-    rollout = MultiTurnRollout(
-        env,
-        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-        multi_turn,
-        max_response_length=200,
-        max_prompt_length=64,
-    )
+    env, rollout = interaction_rollout(tokenizer, settings(interaction_config_path=path))
     rows, prompts = rows_and_prompts(tokenizer, 3)
     kwargs = {"name": "gsm8k", "query": "q", "ground_truth": "72"}
     rows[0]["extra_info"] = rows[1]["extra_info"] = {"interaction_kwargs": kwargs}
@@ -81,14 +82,8 @@ def test_verls_gsm8k_interaction_plays_the_user_and_scores_the_episode(tokenizer
 
 def test_a_wrong_answer_to_the_last_turn_scores_zero(tokenizer, tmp_path):
     path = write_config(tmp_path / "i.yaml", {"class_name": VERL_GSM8K})  # named by its class
-    multi_turn = settings(interaction_config_path=path, max_assistant_turns=2)
-    env = ToolEnvironment(env_context(multi_turn), tools=[])
-    rollout = MultiTurnRollout(
-        env,
-        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-        multi_turn,
-        max_response_length=200,
-        max_prompt_length=64,
+    _, rollout = interaction_rollout(
+        tokenizer, settings(interaction_config_path=path, max_assistant_turns=2)
     )
     rows, prompts = rows_and_prompts(tokenizer, 1)
     rows[0]["extra_info"] = {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"}}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polyrl.data.user_code import load_user_class, location_problem
+from polyrl.data.user_code import class_problems, load_user_class
 from polyrl.errors import ConfigError, DataError
 
 KEY = "data.custom_cls"
@@ -27,16 +27,7 @@ PROMPT_FIELD = "raw_prompt"  # verl's item field holding the chat messages
 
 def custom_dataset_problems(node: Any) -> list[str]:
     """What is wrong with the ``data.custom_cls`` node, found without running the user's code."""
-    path, name = _field(node, "path"), _field(node, "name")
-    if path is None and name is None:
-        return []
-    if not path or not name:
-        return [
-            f"{KEY}.path and {KEY}.name go together (the module or file, and the dataset class "
-            "in it); set both, or neither for verl-format parquet files"
-        ]
-    problem = location_problem(f"{KEY}.path", str(path))
-    return [problem] if problem else []
+    return class_problems(KEY, "path", "name", node, "verl-format parquet files")
 
 
 def custom_dataset_class(data_cfg: Any) -> type | None:

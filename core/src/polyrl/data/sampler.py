@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polyrl.data.loader import PromptLoader
-from polyrl.data.user_code import load_user_class, location_problem
+from polyrl.data.user_code import class_problems, load_user_class
 from polyrl.errors import ConfigError, DataError
 
 KEY = "data.sampler"
@@ -32,16 +32,7 @@ KEY = "data.sampler"
 
 def sampler_problems(sampler: Any) -> list[str]:
     """What is wrong with the ``data.sampler`` node, found without running the user's code."""
-    class_path, class_name = sampler.get("class_path"), sampler.get("class_name")
-    if class_path is None and class_name is None:
-        return []
-    if not class_path or not class_name:
-        return [
-            f"{KEY}.class_path and {KEY}.class_name go together (the module or file, and the "
-            "sampler class in it); set both, or neither for data.shuffle's order"
-        ]
-    problem = location_problem(f"{KEY}.class_path", str(class_path))
-    return [problem] if problem else []
+    return class_problems(KEY, "class_path", "class_name", sampler, "data.shuffle's order")
 
 
 def build_sampler(data_config: Any, dataset: Any) -> Any:

@@ -40,6 +40,22 @@ def location_problem(key: str, path: str) -> str | None:
     return None if found else f"{key}={path!r}: no module {where}"
 
 
+def class_problems(group: str, path_key: str, name_key: str, node: Any, instead: str) -> list[str]:
+    """What is wrong with the user class a config group names (``group.path_key`` and
+    ``group.name_key``), found without running it; ``instead``: what applies when neither is
+    set."""
+    path, name = node.get(path_key), node.get(name_key)
+    if path is None and name is None:
+        return []
+    if not path or not name:
+        return [
+            f"{group}.{path_key} and {group}.{name_key} go together (the module or file, and "
+            f"the class in it); set both, or neither for {instead}"
+        ]
+    problem = location_problem(f"{group}.{path_key}", str(path))
+    return [problem] if problem else []
+
+
 def load_user_class(key: str, path: str, name: str) -> type:
     """The class ``name`` of the module or file ``path`` (``key``: the config key naming it)."""
     kind, where = _target(path)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.api import ConfigError
+from polyrl_env_tools.yaml_config import read_entries
 
 KEY = "multi_turn.interaction_config_path"
 METHODS = ("start_interaction", "generate_response", "calculate_score", "finalize_interaction")
@@ -60,23 +61,9 @@ class InteractionEntry:
 
 def read_interaction_config(path: str) -> list[InteractionEntry]:
     """The entries of a verl interaction-config YAML; a bad file is one line naming it."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise ConfigError(
-            f"{KEY}={path!r} cannot be read ({exc.strerror}); give a verl interaction-config YAML"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{KEY}={path!r} is not valid YAML ({exc})") from exc
-    items = data.get("interaction") if isinstance(data, Mapping) else None
-    if not isinstance(items, list) or not items:
-        raise ConfigError(
-            f"{path}: an interaction config needs an 'interaction:' list of "
-            "{name, class_name, config}"
-        )
+    items = read_entries(path, KEY, "interaction", "{name, class_name, config}")
+    if not items:
+        raise ConfigError(f"{path}: the 'interaction:' list is empty")
     entries: list[InteractionEntry] = []
     for position, item in enumerate(items):
         where = f"{path}: interaction[{position}]"

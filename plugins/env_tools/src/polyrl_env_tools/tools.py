@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api import ConfigError
+from polyrl_env_tools.yaml_config import read_entries
 
 
 @dataclass
@@ -74,21 +75,9 @@ def function_tool(fn: Callable[..., Any], schema: Mapping[str, Any]) -> Tool:
 def load_tool_config(path: str) -> list[Tool]:
     """The tools of a verl tool-config YAML. ``class_name`` is an import path, dotted
     (``pkg.mod.Name``, verl's form) or ``pkg.mod:Name``; a wrong file is one line naming it."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise ConfigError(
-            f"multi_turn.tool_config_path={path!r} cannot be read ({exc.strerror}); "
-            "give a verl tool-config YAML"
-        ) from exc
-    entries = data.get("tools") if isinstance(data, Mapping) else None
-    if not isinstance(entries, list):
-        raise ConfigError(
-            f"{path}: a tool config needs a 'tools:' list of {{class_name, config, tool_schema}}"
-        )
+    entries = read_entries(
+        path, "multi_turn.tool_config_path", "tools", "{class_name, config, tool_schema}"
+    )
     tools = []
     for position, entry in enumerate(entries):
         where = f"{path}: tools[{position}]"
