@@ -34,8 +34,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from polyrl.api import ConfigError, SamplingParams
@@ -166,6 +168,7 @@ class ContinuousBatch:
         # per slot, the row it holds while retain may still copy it out: (row, the write column
         # at its admission, its prompt's real tokens)
         self.held: list[tuple[int, int, list[int]] | None] = [None] * slots
+        self.prompts: list[list[int]] | None = None
         refill_at = max(1, slots // REFILL_SHARE)
         while True:
             row_of_slot = self.slot_row[: self.decoder.rows].tolist()  # the host's read-back
@@ -223,9 +226,15 @@ class ContinuousBatch:
         slot_index = torch.tensor(free[:take], device=self.device)
         self.decoder.admit(slot_index, ready.cache, ready.mask, ready.last_positions, sources)
         if self.retain:
+            if self.prompts is None:  # every prompt's real tokens, converted once
+                lengths = self.prompt_mask.long().sum(dim=1).tolist()
+                width = self.input_ids.shape[1]
+                self.prompts = [
+                    row[width - length :]
+                    for row, length in zip(self.input_ids.tolist(), lengths, strict=True)
+                ]
             for slot, row in zip(free[:take], rows, strict=True):
-                prompt = self.input_ids[row // self.n][self.prompt_mask[row // self.n].bool()]
-                self.held[slot] = (row, self.decoder.slot, prompt.tolist())
+                self.held[slot] = (row, self.decoder.slot, self.prompts[row // self.n])
         self.slot_row[slot_index] = torch.arange(rows.start, rows.stop, device=self.device)
         self.slot_written[slot_index] = 0
         token, log_prob = self._pick(ready.logits.index_select(0, sources))
@@ -268,15 +277,18 @@ class ContinuousBatch:
                 kept.append((slot, start, prompt + response[: int(count) - 1]))
         if not kept:
             return
-        width = max(len(tokens) for _, _, tokens in kept)
-        ids = torch.zeros((len(kept), width), dtype=torch.long)
-        mask = torch.zeros((len(kept), width), dtype=torch.long)
-        columns = torch.zeros((len(kept), width), dtype=torch.long)
-        for i, (_, start, tokens) in enumerate(kept):
-            pad = width - len(tokens)
-            ids[i, pad:] = torch.tensor(tokens)
-            mask[i, pad:] = 1
-            columns[i, pad:] = (start + torch.arange(len(tokens))) % length
+        lengths = np.fromiter((len(tokens) for _, _, tokens in kept), np.int64, len(kept))
+        width = int(lengths.max())
+        real = np.arange(width) >= width - lengths[:, None]
+        ids = np.zeros(real.shape, dtype=np.int64)
+        ids[real] = np.fromiter(
+            chain.from_iterable(tokens for _, _, tokens in kept), np.int64, int(lengths.sum())
+        )
+        # the ring column of each kept token: its row's span starts at ``start``
+        starts = np.fromiter((start for _, start, _ in kept), np.int64, len(kept))
+        columns = (starts[:, None] + np.arange(width) - (width - lengths[:, None])) % length
+        ids, mask = torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64))
+        columns = torch.from_numpy(np.where(real, columns, 0))
         at = torch.tensor([slot for slot, _, _ in kept], device=self.device).unsqueeze(1)
         columns = columns.to(self.device)
         layers = [

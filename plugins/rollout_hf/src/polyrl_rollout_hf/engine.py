@@ -16,6 +16,7 @@ samples and sample with the same :func:`~polyrl_rollout_hf.sampling.pick_tokens`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
@@ -298,10 +299,12 @@ class HFRolloutEngine(RolloutEngine):
         if self.timing_sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> Prefill:
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, *, keep: bool = True) -> Prefill:
         """One forward pass over prompts ``ids``/``mask [P, Lp]`` into a DynamicCache, trimmed of
         the columns that are left padding in every row (they cost compute and change nothing).
-        A prompt that starts with one the prefix cache kept prefills only the tokens after it."""
+        A prompt that starts with one the prefix cache kept prefills only the tokens after it;
+        with ``keep`` the prefix cache keeps this prefill too (a call that keeps its rows' KV
+        from the decode slots, prompt and response, has no use for the prompts' alone)."""
         self._sync()
         began = time.perf_counter()
         used = mask.any(dim=0).nonzero()
@@ -316,7 +319,7 @@ class HFRolloutEngine(RolloutEngine):
         else:
             prefill = self._fresh_prefill(device_ids, device_mask)
             self.stats["prefill_tokens"] += ids.numel()
-        if cached:
+        if cached and keep:
             layers = [(layer.keys, layer.values) for layer in prefill.cache.layers]
             self.prefix_cache.store(ids, mask, Block(layers))
         self._sync()
@@ -485,16 +488,17 @@ class HFRolloutEngine(RolloutEngine):
         length = bucket(prompt_len + int(params.max_new_tokens), MIN_LENGTH_BUCKET)
         slots = self._decode_slots(length)
         ladder = self._captured(lambda: self.static_decode.ladder(slots, length))
+        retain = self.prefix_cache is not None and right_aligned(mask)
         batch = ContinuousBatch(
             ladder,
-            self._prefill,
+            functools.partial(self._prefill, keep=not retain),
             params,
             stop_ids,
             int(self.ctx.pad_token_id),
             generator,
             compiled=self.compiled,
             check_every=self.done_check_every,
-            retain=self.prefix_cache is not None and right_aligned(mask),
+            retain=retain,
         )
         out = batch.run(ids, mask, n)
         for kept_ids, kept_mask, layers in batch.retained:

@@ -102,23 +102,35 @@ class PrefixCache:
             self._powers = torch.cat([self._powers, last * _BASE % moduli], dim=1)
         return self._powers[:, :width]
 
+    def _terms(self, ids: torch.Tensor, mask: torch.Tensor, modulus_index: int) -> torch.Tensor:
+        """Each real token's term of the key under one modulus (``[P, W]``, 0 on padding):
+        ``(token + 1) * base^k`` for the row's ``k``-th real token."""
+        modulus = _MODULI[modulus_index]
+        real = mask.long()
+        index = (real.cumsum(dim=1) - 1).clamp(min=0)
+        powers = self._power_table(ids.shape[1])[modulus_index]
+        return (ids.long() % modulus + 1) * powers[index] % modulus * real
+
     def _keys(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For left-padded ``ids``/``mask [P, W]`` (CPU): how many real tokens end at each
         column and the key of those tokens (both ``[P, W]``)."""
-        real = mask.long()
-        count = real.cumsum(dim=1)
-        powers = self._power_table(ids.shape[1])
-        index = (count - 1).clamp(min=0)
-        key = torch.zeros_like(count)
+        key = torch.zeros(ids.shape, dtype=torch.long)
         for m, modulus in enumerate(_MODULI):
-            term = (ids.long() % modulus + 1) * powers[m][index] % modulus * real
-            key = key * 2**31 + term.cumsum(dim=1) % modulus
-        return count, key
+            key = key * 2**31 + self._terms(ids, mask, m).cumsum(dim=1) % modulus
+        return mask.long().cumsum(dim=1), key
+
+    def _row_keys(self, ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
+        """The key of each row's real tokens (``_keys``' last column, without the others)."""
+        key = torch.zeros(ids.shape[0], dtype=torch.long)
+        for m, modulus in enumerate(_MODULI):
+            key = key * 2**31 + self._terms(ids, mask, m).sum(dim=1) % modulus
+        return key.tolist()
 
     # ---- lookup and store ---------------------------------------------------------------------
     def lookup(self, ids: torch.Tensor, mask: torch.Tensor) -> list[Hit | None]:
-        """For each prompt of ``ids``/``mask [P, W]`` (left-padded, CPU): the longest kept prompt
-        its real tokens start with, leaving at least one token to prefill, or None."""
+        """For each prompt of ``ids``/``mask [P, W]`` (right-aligned: left padding, then the
+        real tokens; CPU): the longest kept prompt its real tokens start with, leaving at least
+        one token to prefill, or None."""
         hits: list[Hit | None] = [None] * ids.shape[0]
         if not self._entries:
             return hits
@@ -127,25 +139,26 @@ class PrefixCache:
         total = count[:, -1:]
         candidate = mask.bool() & torch.isin(count, lengths) & (count < total)
         rows, columns = candidate.nonzero(as_tuple=True)
+        found = zip(rows.tolist(), count[rows, columns].tolist(), key[rows, columns].tolist())
         tokens: dict[int, list[int]] = {}
-        for r, c in zip(rows.tolist(), columns.tolist(), strict=True):
-            length = int(count[r, c])
-            entry = self._entries.get((length, int(key[r, c])))
+        for r, length, row_key in found:
+            entry = self._entries.get((length, row_key))
             best = hits[r]
             if entry is None or (best is not None and best.length >= length):
                 continue
             if r not in tokens:
-                tokens[r] = ids[r][mask[r].bool()].tolist()
+                tokens[r] = ids[r, ids.shape[1] - int(total[r]) :].tolist()
             if tokens[r][:length] == entry.tokens:
                 hits[r] = Hit(entry.block, entry.row, length)
         return hits
 
     def store(self, ids: torch.Tensor, mask: torch.Tensor, block: Block) -> None:
-        """Keep the prefill ``block`` of prompts ``ids``/``mask [P, W]`` (CPU, the columns of
-        the block), each under its real tokens."""
-        count, key = self._keys(ids, mask)
-        lengths, keys = count[:, -1].tolist(), key[:, -1].tolist()
-        for r in range(ids.shape[0]):
+        """Keep the prefill ``block`` of prompts ``ids``/``mask [P, W]`` (right-aligned, CPU,
+        the columns of the block), each under its real tokens."""
+        lengths = mask.long().sum(dim=1).tolist()
+        keys = self._row_keys(ids, mask)
+        width = ids.shape[1]
+        for r, row in enumerate(ids.tolist()):
             if lengths[r]:
-                tokens = ids[r][mask[r].bool()].tolist()
+                tokens = row[width - lengths[r] :]
                 self._entries[(lengths[r], keys[r])] = _Entry(block, r, tokens, self._call)
