@@ -268,7 +268,8 @@ def main() -> None:
 
     def multi() -> int:
         params = SamplingParams(n=1, max_new_tokens=total, temperature=1.0, seed=0)
-        trajectories, _ = rollout.run(rows, prompt_ids, generate, params)
+        release = getattr(engine, "reset_prefix_cache", None)  # an older engine: none
+        trajectories, _ = rollout.run(rows, prompt_ids, generate, params, release=release)
         return sum(sum(t.assistant) for t in trajectories)
 
     results: dict[str, Any] = {}

@@ -178,7 +178,7 @@ def test_a_longer_held_ladder_serves_a_shorter_call(model_dir):
     assert pool.ladder(8, 500) is not long_ladder
 
 
-def test_the_multi_turn_rollout_builds_the_same_trajectories(model_dir):
+def test_the_multi_turn_rollout_builds_the_same_trajectories_and_releases_the_kv(model_dir):
     from transformers import AutoTokenizer
 
     from polyrl.envs.chat import ChatTokens
@@ -226,8 +226,22 @@ def test_the_multi_turn_rollout_builds_the_same_trajectories(model_dir):
             max_response_length=200,
             max_prompt_length=64,
         )
-        trajectories, _ = rollout.run(rows, prompts, engine.generate, params)
+        events = []
+
+        def generate(batch, turn_params, engine=engine, events=events):
+            events.append(("generate", len(engine.prefix_cache or ())))
+            return engine.generate(batch, turn_params)
+
+        def release(engine=engine, events=events):
+            events.append(("release", len(engine.prefix_cache or ())))
+            engine.reset_prefix_cache()
+
+        trajectories, _ = rollout.run(rows, prompts, generate, params, release=release)
         results.append((trajectories, engine.stats["prefix_tokens_reused"]))
+        # released once, after the last turn, with the last turn's KV in it; nothing kept after
+        assert [name for name, _ in events] == ["generate"] * 3 + ["release"]
+        assert (events[-1][1] > 0) == (prefix_cache == "true")
+        assert len(engine.prefix_cache or ()) == 0
     (cached, reused), (fresh, none) = results
     assert reused > 0 and none == 0
     for a, b in zip(cached, fresh, strict=True):

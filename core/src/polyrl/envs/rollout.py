@@ -122,11 +122,16 @@ class MultiTurnRollout:
         prompt_ids: Sequence[Sequence[int]],
         generate: GenerateFn,
         params: SamplingParams,
+        *,
+        release: Callable[[], None] | None = None,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """The finished trajectories of ``rows`` (``prompt_ids``: each row's prompt as the data
-        loader tokenized it) and the step's ``multi_turn/*`` metrics."""
+        loader tokenized it) and the step's ``multi_turn/*`` metrics. ``release`` runs once
+        the last turn has been sampled (or the loop failed): the engines' prefix caches hold the
+        episodes' KV from turn to turn, and nothing extends it after that (the rollout role's
+        ``reset_prefix_cache``, :meth:`polyrl.interfaces.RolloutEngine.reset_prefix_cache`)."""
         start = time.monotonic()
-        trajectories = asyncio.run(self._episodes(rows, prompt_ids, generate, params))
+        trajectories = asyncio.run(self._episodes(rows, prompt_ids, generate, params, release))
         metrics = episode_metrics(trajectories)
         metrics["multi_turn/episodes_per_s"] = len(trajectories) / max(
             time.monotonic() - start, 1e-9
@@ -139,14 +144,19 @@ class MultiTurnRollout:
         prompt_ids: Sequence[Sequence[int]],
         generate: GenerateFn,
         params: SamplingParams,
+        release: Callable[[], None] | None,
     ) -> list[Trajectory]:
         trajectories = [Trajectory(row, list(ids)) for row, ids in zip(rows, prompt_ids)]
         await asyncio.gather(*(self._start(t) for t in trajectories))
         turn = 0
-        while live := [t for t in trajectories if t.live]:
-            turns = self._sample(live, generate, params, turn)
-            await asyncio.gather(*(self._step(t, at) for t, at in zip(live, turns)))
-            turn += 1
+        try:
+            while live := [t for t in trajectories if t.live]:
+                turns = self._sample(live, generate, params, turn)
+                await asyncio.gather(*(self._step(t, at) for t, at in zip(live, turns)))
+                turn += 1
+        finally:
+            if release is not None:
+                release()
         await asyncio.gather(*(self._finish(t) for t in trajectories))
         return trajectories
 

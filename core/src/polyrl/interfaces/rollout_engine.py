@@ -92,5 +92,10 @@ class RolloutEngine(ABC):
     def wake_up(self) -> None:
         """Undo :meth:`sleep` before the next generation."""
 
+    def reset_prefix_cache(self) -> None:
+        """Drop whatever KV the engine keeps between ``generate`` calls for prompts that extend
+        earlier ones (vLLM's name). A multi-turn rollout calls it after the last turn of its
+        episodes, so that memory is free before the update. Engines that keep nothing: no-op."""
+
     def close(self) -> None:
         """Release the engine's resources at the end of the run."""

@@ -121,7 +121,10 @@ def run_episodes(
         )
         return out.slice(0, len(batch))
 
-    trajectories, metrics = rollout.run(rows, prompt_ids, generate, params)
+    def release() -> None:
+        ctx.workers.call("rollout", "reset_prefix_cache", dispatch=Dispatch.BROADCAST)
+
+    trajectories, metrics = rollout.run(rows, prompt_ids, generate, params, release=release)
     from polyrl.batch import Batch
 
     out = Batch(non_tensors=dict(rows_batch.non_tensors)).union(

@@ -134,9 +134,10 @@ class HFRolloutEngine(RolloutEngine):
     ``multi_turn.enable``: keep the last call's KV, of its prompts and, with continuous
     batching, of its responses, so that a prompt extending one of them, a multi-turn episode's
     next turn, prefills only the new tokens, :mod:`polyrl_rollout_hf.prefix_cache`; it holds one
-    call's KV between calls, through the update until the weight sync; ``false``, and ``auto``
+    call's KV between calls, until the episodes' last turn; ``false``, and ``auto``
     for single-turn runs, whose prompts never extend earlier ones: prefill every prompt whole and
-    keep nothing between calls).
+    keep nothing between calls; :meth:`reset_prefix_cache` drops what it keeps, which the
+    multi-turn rollout calls after its episodes' last turn).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
 
     :attr:`stats` counts, over the engine's life, the seconds spent in ``generate``, in
@@ -598,6 +599,12 @@ class HFRolloutEngine(RolloutEngine):
                 )
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         if self.prefix_cache is not None:  # computed with the old weights
+            self.prefix_cache.clear()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the KV the prefix cache keeps (the multi-turn rollout calls this after its
+        episodes' last turn, so the memory is free through the update); a no-op without one."""
+        if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
     def close(self) -> None:

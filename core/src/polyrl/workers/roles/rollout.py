@@ -74,6 +74,10 @@ class RolloutRole(Role):
                 self.engine.sleep(level=1)
         return out.select_keys(GENERATED_KEYS).to("cpu")
 
+    def reset_prefix_cache(self) -> None:
+        """The engine drops the KV it keeps between calls (after a batch of episodes)."""
+        self.engine.reset_prefix_cache()
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(named_tensors)
 
