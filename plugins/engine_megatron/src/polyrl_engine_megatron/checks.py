@@ -83,6 +83,16 @@ def optimizer_override_lines(overrides: Any) -> tuple[list[str], list[str]]:
     return problems, notices
 
 
+def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
+    """``use_dist_checkpointing`` needs ``dist_checkpointing_path`` (one line)."""
+    if not megatron.use_dist_checkpointing or megatron.dist_checkpointing_path not in (None, ""):
+        return []
+    return [
+        f"{node}.use_dist_checkpointing=true needs {node}.dist_checkpointing_path, the folder of "
+        f"a megatron-core dist checkpoint (verl's converter writes one)"
+    ]
+
+
 def _sizes(megatron: Any) -> tuple[int, int]:
     return int(megatron.tensor_model_parallel_size), int(megatron.pipeline_model_parallel_size)
 
@@ -172,6 +182,7 @@ def check_config(cfg: Any) -> list[str]:
         where = f"{node}.override_transformer_config"
         problems += split(given, where)[1]
         problems += uneven_stage_problems(given, megatron.pipeline_model_parallel_size, where)
+        problems += dist_checkpoint_problems(megatron, node)
     problems += _critic_problems(cfg)
     problems += optimizer_override_lines(actor.optim.override_optimizer_config)[0]
     sizes = parallel_problems(actor.megatron)

@@ -60,6 +60,7 @@ from polyrl_engine_kit.training import (
 )
 from polyrl_engine_megatron import checkpoint as mckpt
 from polyrl_engine_megatron.checks import (
+    dist_checkpoint_problems,
     dtype_problem,
     optimizer_override_lines,
     parallel_problems,
@@ -74,6 +75,7 @@ from polyrl_engine_megatron.convert import (
     split_dim,
 )
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
+from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
@@ -118,7 +120,7 @@ def _parallel_sizes(ctx: EngineContext) -> tuple[int, int]:
     """``actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size`` of the role's
     node, after the same checks as ``polyrl validate``."""
     megatron = _megatron_node(ctx)
-    problems = parallel_problems(megatron)
+    problems = parallel_problems(megatron) + dist_checkpoint_problems(megatron, "megatron")
     dtype = dtype_problem(schema_node(ctx.model, "actor_rollout_ref.model"))
     problems += [dtype] if dtype else []
     if problems:
@@ -219,14 +221,20 @@ class MegatronEngine(TrainingEngine):
             overrides=overrides,
             device=self.device,
         )
-        load_hf_weights(
-            self.model,
-            ctx.model_path,
-            self.shape,
-            self.stage,
-            self.tp_rank,
-            self.settings.trust_remote_code,
-        )
+        megatron = _megatron_node(ctx)
+        if megatron.use_dist_checkpointing:
+            load_dist_checkpoint(
+                self.model, megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
+            )
+        else:
+            load_hf_weights(
+                self.model,
+                ctx.model_path,
+                self.shape,
+                self.stage,
+                self.tp_rank,
+                self.settings.trust_remote_code,
+            )
         self.head = ModelHead(ctx.head)
         self.value_head: torch.nn.Module | None = None
         if self.head is ModelHead.VALUE and self.stage.is_last:

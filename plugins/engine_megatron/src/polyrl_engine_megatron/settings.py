@@ -28,7 +28,10 @@ class MegatronSettings:
     workers / (tensor x pipeline x context).
 
     ``use_mbridge``: weights are converted from the Hugging Face folder (polyrl's own converter
-    does what verl's mbridge does). ``sequence_parallel`` and ``use_distributed_optimizer`` are
+    does what verl's mbridge does). ``use_dist_checkpointing``: the initial weights come from
+    the megatron-core dist checkpoint at ``dist_checkpointing_path`` instead (its keys under
+    ``dist_checkpointing_prefix``; :mod:`.dist_checkpoint`); the model's shape still comes from
+    the HF config of ``model.path``. ``sequence_parallel`` and ``use_distributed_optimizer`` are
     megatron-core's defaults here. ``seed``: megatron-core's tensor-parallel RNG seed.
     """
 
@@ -46,6 +49,7 @@ class MegatronSettings:
     use_mbridge: bool = True
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: Any = None
+    dist_checkpointing_prefix: str = ""
     seed: int = 42
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
 
