@@ -268,8 +268,10 @@ def main() -> None:
 
     def multi() -> int:
         params = SamplingParams(n=1, max_new_tokens=total, temperature=1.0, seed=0)
-        release = getattr(engine, "reset_prefix_cache", None)  # an older engine: none
-        trajectories, _ = rollout.run(rows, prompt_ids, generate, params, release=release)
+        # the kept KV released after the last turn, as the gen stage does (older code: no such call)
+        release = getattr(engine, "reset_prefix_cache", None)
+        extra = {} if release is None else {"release": release}
+        trajectories, _ = rollout.run(rows, prompt_ids, generate, params, **extra)
         return sum(sum(t.assistant) for t in trajectories)
 
     results: dict[str, Any] = {}

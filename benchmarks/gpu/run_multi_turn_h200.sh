@@ -2,18 +2,19 @@
 # Issue 24 (multi-turn rollout throughput) on one GPU: the prefix-cache CUDA test, then
 # benchmarks/bench_multi_turn.py at the issue's shape (Qwen2-0.5B shape, 256 episodes, 4 assistant
 # turns of 128 tokens, observations of 8 words, 64-token prompts; single-turn side: 512 tokens)
-# for each side, one process each: the rollout package of an older commit under $BASELINE, the
-# working tree with the prefix cache off (the held decode ladder reused across turns only), and
-# the working tree as it runs by default. From the repo root, after `. .device/setup.sh`:
-#   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline-mt    # on the dev machine
+# for each side, one process each: the rollout package (and, when there, the core package) of an
+# older commit under $BASELINE, the working tree with the prefix cache off (the held decode ladder
+# reused across turns only), and the working tree as it runs by default. From the repo root, after
+# `. .device/setup.sh`:
+#   git archive <commit> plugins/rollout_hf/src core/src/polyrl | tar -x -C .baseline-mt   # dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_multi_turn_h200.sh
 # Environment: RESULTS (folder for the logs and one JSON per side, /tmp/multi-turn-h200), BASELINE
-# (.baseline-mt/plugins/rollout_hf/src; a side is skipped when it is missing), PARTS (tests
-# baseline nocache current profile: which to run, in that order; the default leaves out profile),
-# RUNS (timed runs, 3), EPISODES (256).
+# (.baseline-mt: its plugins/rollout_hf/src and core/src go first on PYTHONPATH; the side is
+# skipped without the first), PARTS (tests baseline nocache current profile: which to run, in that
+# order; the default leaves out profile), RUNS (timed runs, 3), EPISODES (256).
 set -uo pipefail
 results=${RESULTS:-/tmp/multi-turn-h200}
-baseline=${BASELINE:-.baseline-mt/plugins/rollout_hf/src}
+baseline=${BASELINE:-.baseline-mt}
 mkdir -p "$results"
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/polyrl-user-cache}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$results/device.txt"
@@ -33,8 +34,8 @@ for part in ${PARTS:-tests baseline nocache current}; do
             plugins/rollout_hf/tests/test_continuous.py -q -k cuda 2>&1 | tail -5 |
             tee "$results/cuda_tests.log" ;;
     baseline)
-        if [ -d "$baseline" ]; then
-            PYTHONPATH="$baseline:${PYTHONPATH:-}" bench baseline
+        if [ -d "$baseline/plugins/rollout_hf/src" ]; then
+            PYTHONPATH="$baseline/plugins/rollout_hf/src:$baseline/core/src:${PYTHONPATH:-}" bench baseline
         else
             echo "no baseline at $baseline: skipped"
         fi ;;
