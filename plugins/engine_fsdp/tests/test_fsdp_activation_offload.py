@@ -79,3 +79,16 @@ def test_the_actors_key_validates_and_the_critics_is_refused() -> None:
     assert validate_config(load_config(["recipe=tiny", f"actor_rollout_ref.{key}"])) == []
     problems = validate_config(load_config(["recipe=tiny", f"critic.{key}"]))
     assert len(problems) == 1 and "activation offload of the critic" in problems[0], problems
+
+
+def test_under_another_strategy_the_key_is_one_notice() -> None:
+    from polyrl.config.verl_compat import strategy_notices
+
+    key = "actor_rollout_ref.model.enable_activation_offload=true"
+    megatron = load_config(["recipe=tiny", key, "actor_rollout_ref.actor.strategy=megatron"])
+    assert strategy_notices(megatron) == [
+        "actor_rollout_ref.model.enable_activation_offload=True (verl) has no effect with "
+        "actor_rollout_ref.actor.strategy=megatron: only the FSDP engine offloads activations, "
+        "as in verl"
+    ]
+    assert strategy_notices(load_config(["recipe=tiny", key])) == []

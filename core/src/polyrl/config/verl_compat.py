@@ -507,6 +507,7 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
     problems, notices = reward_loop_lines(cfg, loop)
     notices += [line for line in [greedy_validation_notice(cfg)] if line]
+    notices += strategy_notices(cfg)
     for key, value in changed:
         if key.startswith(f"{REWARD_LOOP}."):
             continue
@@ -525,6 +526,29 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
         else:
             notices.append(f"{key}={_show(value)} (verl) has no effect in polyrl: {meaning.why}")
     return problems, notices
+
+
+# verl keys that a plugin implements for some training strategies only (verl reads them for
+# those only, too): key -> (the strategies, what the others do instead).
+STRATEGY_KEYS = {
+    "actor_rollout_ref.model.enable_activation_offload": (
+        ("fsdp", "fsdp2"),
+        "only the FSDP engine offloads activations, as in verl",
+    ),
+}
+
+
+def strategy_notices(cfg: DictConfig) -> list[str]:
+    """One line per :data:`STRATEGY_KEYS` key turned on under a strategy that does not read it."""
+    strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
+    lines = []
+    for key, (strategies, why) in STRATEGY_KEYS.items():
+        if OmegaConf.select(cfg, key, default=None) and strategy not in strategies:
+            lines.append(
+                f"{key}=True (verl) has no effect with actor_rollout_ref.actor.strategy="
+                f"{strategy}: {why}"
+            )
+    return lines
 
 
 VAL = "actor_rollout_ref.rollout.val_kwargs"
@@ -740,6 +764,7 @@ __all__ = [
     "mount",
     "open_groups",
     "reward_loop_lines",
+    "strategy_notices",
     "verl_commit",
     "verl_keys",
 ]
