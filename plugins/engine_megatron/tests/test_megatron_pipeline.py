@@ -39,7 +39,8 @@ def _stage_module(stage: int) -> torch.nn.Module:
 
 def _stream(rank: int, world: int) -> list[tuple[str, float, tuple[int, ...]]]:
     stages = pipeline_stages(2, world)
-    weights = StageWeights(_stage_module(rank), stages, rank, dist.group.WORLD, torch.device("cpu"))
+    module = _stage_module(rank)
+    weights = StageWeights([(rank, module)], stages, dist.group.WORLD, torch.device("cpu"))
     sent = []
     broadcast = dist.broadcast
 

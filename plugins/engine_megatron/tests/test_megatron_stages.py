@@ -69,7 +69,7 @@ def test_layouts_that_do_not_fit_are_one_line() -> None:
         stage_layer_counts(4, 2, StageSplit(embedding=True))
 
 
-def _hf_model(path: str) -> None:
+def _hf_model(path: str, layers: int = 3, tied: bool = False) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -77,11 +77,11 @@ def _hf_model(path: str) -> None:
         vocab_size=64,
         hidden_size=32,
         intermediate_size=48,
-        num_hidden_layers=3,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():  # visible biases and norms, so that their gradients are compared too

@@ -107,9 +107,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "*.megatron.context_parallel_size": Refused(
         "Megatron context parallelism", "context_parallel_size=1 and use_dynamic_bsz for long rows"
     ),
-    "*.megatron.virtual_pipeline_model_parallel_size": Refused(
-        "interleaved (virtual) pipeline parallelism", "pipeline_model_parallel_size alone"
-    ),
     "*.megatron.override_*": Refused("overriding Megatron's model/DDP config", "remove it"),
     "*.megatron.use_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
     "*.megatron.vanilla_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),

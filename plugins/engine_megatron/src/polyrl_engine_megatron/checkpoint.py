@@ -32,13 +32,15 @@ from polyrl_engine_megatron.convert import (
     GPTShape,
     is_tied_copy,
     megatron_to_hf,
-    pipeline_stages,
     stages_of,
+    virtual_stages,
 )
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 # the layout's decoder layers per pipeline stage, recorded when the stages are uneven
 STAGE_LAYERS = "num_layers_per_stage"
+# model chunks per stage, recorded with interleaved pipeline parallelism (shard keys "<chunk>.")
+VIRTUAL = "virtual_pipeline_model_parallel_size"
 # what megatron-core's modules add to a state_dict() besides weights (None for the local spec)
 _MODULE_STATE_SUFFIX = "._extra_state"
 
@@ -76,7 +78,7 @@ def load(
     optimizer: torch.optim.Optimizer | None,
     *,
     shard: str,
-    layout: dict[str, int],
+    layout: dict[str, Any],
 ) -> dict[str, Any]:
     """Restore weights and optimizer state in place; return this rank's extra state."""
     extra_path = os.path.join(path, EXTRA_STATE.format(rank=dist.get_rank()))
@@ -130,26 +132,37 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
     model, _settings = model_in_one_process(cfg, model_path)
     shape = GPTShape.from_hf_config(model.config, tp)
     state: dict[str, torch.Tensor] = {}
+    virtual = layout.get(VIRTUAL)
     counts = layout.get(STAGE_LAYERS)
-    stages = stages_of(counts) if counts else pipeline_stages(shape.num_layers, pp)
-    if len(stages) != pp or sum(s.num_layers for s in stages) != shape.num_layers:
+    stages = stages_of(counts) if counts else virtual_stages(shape.num_layers, pp, virtual)
+    if len(stages) != pp * (virtual or 1) or sum(s.num_layers for s in stages) != shape.num_layers:
         raise CheckpointError(
             f"{extra_path!r} places {counts} decoder layers on {pp} stages; the HF model of "
             f"{model_path!r} has {shape.num_layers}: export with the model the run trained"
         )
-    for pp_rank, stage in enumerate(stages):
+    for pp_rank in range(pp):
         shards = [_read_shard(path, shard_name(t, pp_rank, pp)) for t in range(tp)]
-        for local in shards[0]:
-            if local.endswith(_MODULE_STATE_SUFFIX) or is_tied_copy(local, shape, stage):
-                continue  # megatron-core's per-module state; the tied copy of the embedding
-            parts = [shard[local] for shard in shards]
-            try:
-                state.update(megatron_to_hf(stage.global_name(local), parts, shape))
-            except (KeyError, RuntimeError) as exc:
-                raise CheckpointError(
-                    f"{path!r}: stage {pp_rank}'s {local!r} does not convert to the HF model of "
-                    f"{model_path!r} ({exc}); export with the model the run trained"
-                ) from exc
+        # the rank's chunks: one, or (interleaved) chunk v under "<v>." at [v * pp + pp_rank]
+        chunks = (
+            [("", stages[pp_rank])]
+            if virtual is None
+            else [(f"{v}.", stages[v * pp + pp_rank]) for v in range(virtual)]
+        )
+        for prefix, stage in chunks:
+            for key in shards[0]:
+                local = key.removeprefix(prefix)
+                if not key.startswith(prefix):
+                    continue  # another chunk's weight
+                if local.endswith(_MODULE_STATE_SUFFIX) or is_tied_copy(local, shape, stage):
+                    continue  # megatron-core's per-module state; the tied copy of the embedding
+                parts = [shard[key] for shard in shards]
+                try:
+                    state.update(megatron_to_hf(stage.global_name(local), parts, shape))
+                except (KeyError, RuntimeError) as exc:
+                    raise CheckpointError(
+                        f"{path!r}: stage {pp_rank}'s {key!r} does not convert to the HF model "
+                        f"of {model_path!r} ({exc}); export with the model the run trained"
+                    ) from exc
         del shards
     _check_names(path, state, model.state_dict())
     model.load_state_dict(state)

@@ -28,11 +28,31 @@ DTYPES_SUPPORTED = ("bfloat16", "float32")
 def parallel_problems(megatron: Any, node: str = MEGATRON) -> list[str]:
     """The tensor/pipeline-parallel sizes themselves (the engine raises these too); ``node``:
     where ``megatron`` sits in the config, for the message."""
-    return [
+    problems = [
         f"{node}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
         if not positive_int(getattr(megatron, key))
     ]
+    virtual = megatron.virtual_pipeline_model_parallel_size
+    if virtual is not None and not positive_int(virtual):
+        problems.append(
+            f"{node}.virtual_pipeline_model_parallel_size must be null or a positive integer "
+            f"(model chunks per pipeline stage), got {virtual!r}"
+        )
+    elif virtual_size(megatron) and megatron.pipeline_model_parallel_size == 1:
+        problems.append(
+            f"{node}.virtual_pipeline_model_parallel_size={virtual} interleaves the chunks of "
+            f"several pipeline stages, but pipeline_model_parallel_size is 1; set it > 1 or "
+            f"leave virtual_pipeline_model_parallel_size unset"
+        )
+    return problems
+
+
+def virtual_size(megatron: Any) -> int | None:
+    """Model chunks per pipeline stage with interleaving; None without (unset, or 1: one chunk
+    per stage is the plain schedule)."""
+    virtual = megatron.virtual_pipeline_model_parallel_size
+    return None if virtual in (None, 1) else int(virtual)
 
 
 def dtype_problem(model: Any) -> str | None:
@@ -93,8 +113,17 @@ def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
     ]
 
 
-def _sizes(megatron: Any) -> tuple[int, int]:
-    return int(megatron.tensor_model_parallel_size), int(megatron.pipeline_model_parallel_size)
+def _sizes(megatron: Any) -> tuple[int, int, int | None]:
+    return (
+        int(megatron.tensor_model_parallel_size),
+        int(megatron.pipeline_model_parallel_size),
+        virtual_size(megatron),
+    )
+
+
+def _shown(sizes: tuple[int, int, int | None]) -> str:
+    tensor, pipeline, virtual = sizes
+    return f"{tensor} x {pipeline}" + ("" if virtual is None else f" ({virtual} chunks per stage)")
 
 
 def _world_problems(cfg: Any) -> list[str]:
@@ -110,7 +139,7 @@ def _world_problems(cfg: Any) -> list[str]:
             continue
         seen.add((*found, sizes[role]))
         workers, where = found
-        tensor_parallel, pipeline_parallel = sizes[role]
+        tensor_parallel, pipeline_parallel, _ = sizes[role]
         if workers % (tensor_parallel * pipeline_parallel):
             split = f"{node}.tensor_model_parallel_size={tensor_parallel}"
             if pipeline_parallel > 1:
@@ -121,9 +150,9 @@ def _world_problems(cfg: Any) -> list[str]:
             )
     if sizes["ref"] != sizes["actor"] and pool_of(cfg, "ref") == pool_of(cfg, "actor"):
         problems.append(
-            f"{REF_MEGATRON} tensor x pipeline parallel size {sizes['ref'][0]} x "
-            f"{sizes['ref'][1]} differs from the actor's {sizes['actor'][0]} x "
-            f"{sizes['actor'][1]}, but both run in pool {pool_of(cfg, 'ref')!r}, where one "
+            f"{REF_MEGATRON} tensor x pipeline parallel size {_shown(sizes['ref'])} differs "
+            f"from the actor's {_shown(sizes['actor'])}, but both run in pool "
+            f"{pool_of(cfg, 'ref')!r}, where one "
             f"process holds both and megatron-core keeps one split per process: put the "
             f"reference on a pool of its own (trainer.role_pools.ref=<pool> with "
             f"trainer.resource_pools.<pool>=<workers>) or give it the actor's sizes"

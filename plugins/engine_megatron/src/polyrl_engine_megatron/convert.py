@@ -267,6 +267,34 @@ def pipeline_stages(
     return stages_of(stage_layer_counts(num_layers, pipeline_parallel, split))
 
 
+VPP_KEY = "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
+
+
+def virtual_stages(
+    num_layers: int, pipeline_parallel: int, virtual: int | None, split: StageSplit = EVEN
+) -> list[PipelineStage]:
+    """The model chunks in the model's order. Without ``virtual`` (interleaved pipeline
+    parallelism) they are the pipeline stages; with it each stage holds ``virtual`` chunks and
+    chunk ``v`` of stage ``p`` is ``[v * pipeline_parallel + p]`` of the list: the layers split
+    evenly into ``pipeline_parallel x virtual`` runs, as megatron-core places them."""
+    if virtual is None:
+        return pipeline_stages(num_layers, pipeline_parallel, split)
+    if not split.even:
+        raise ConfigError(
+            f"{VPP_KEY}={virtual} with uneven pipeline stages ({SPLIT_KEY}."
+            f"num_layers_in_*/account_for_*): polyrl splits interleaved chunks evenly only; "
+            f"drop one of the two"
+        )
+    chunks = pipeline_parallel * virtual
+    if num_layers % chunks:
+        raise ConfigError(
+            f"{VPP_KEY}={virtual} x {PP_KEY}={pipeline_parallel} = {chunks} model chunks do not "
+            f"divide the model's {num_layers} decoder layers; pick sizes whose product divides "
+            f"{num_layers}"
+        )
+    return pipeline_stages(num_layers, chunks)
+
+
 def stages_of(counts: Sequence[int]) -> list[PipelineStage]:
     """The stages holding ``counts[i]`` consecutive decoder layers each."""
     stages, first = [], 0

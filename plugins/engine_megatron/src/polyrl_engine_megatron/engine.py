@@ -1,5 +1,5 @@
 """The Megatron training engine: one rank of a megatron-core GPTModel split by tensor and
-pipeline parallelism.
+pipeline parallelism (with interleaved pipeline parallelism, several model chunks per rank).
 
 Read ``polyrl.interfaces.training_engine`` for the contract. Workers are grouped by megatron-core
 (tensor-parallel peers consecutive, then data-parallel replicas, then pipeline stages): the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,6 +65,7 @@ from polyrl_engine_megatron.checks import (
     dtype_problem,
     optimizer_override_lines,
     parallel_problems,
+    virtual_size,
 )
 from polyrl_engine_megatron.convert import (
     GPTShape,
@@ -71,14 +73,14 @@ from polyrl_engine_megatron.convert import (
     StageSplit,
     is_tied_copy,
     megatron_to_hf,
-    pipeline_stages,
     split_dim,
+    virtual_stages,
 )
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
-from polyrl_engine_megatron.pipeline import StageWeights, run_schedule
+from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
 from polyrl_engine_megatron.transformer_overrides import (
     Recompute,
@@ -93,6 +95,16 @@ log = logging.getLogger(__name__)
 ScoredLoss = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, Any]]
 # A micro-batch through the model: the stage's output, and its scores back to [b, R]
 ScoreForward = Callable[[Any, Batch], tuple[torch.Tensor, Callable]]
+
+
+@dataclass
+class ModelChunk:
+    """One of this rank's model chunks: ``stage`` (its layers, whether it holds the embedding
+    or the output layer), its place ``index`` in the model's chunks, and its GPTModel."""
+
+    index: int
+    stage: PipelineStage
+    module: Any
 
 
 def value_head(shape: GPTShape, hf_config: Any, seed: int, device: torch.device) -> torch.nn.Linear:
@@ -116,9 +128,10 @@ def _megatron_node(ctx: EngineContext) -> Any:
     return node.megatron
 
 
-def _parallel_sizes(ctx: EngineContext) -> tuple[int, int]:
-    """``actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size`` of the role's
-    node, after the same checks as ``polyrl validate``."""
+def _parallel_sizes(ctx: EngineContext) -> tuple[int, int, int | None]:
+    """``actor_rollout_ref.actor.megatron.{tensor,pipeline,virtual_pipeline}_model_parallel_size``
+    of the role's node (the last None without interleaving), after the same checks as ``polyrl
+    validate``."""
     megatron = _megatron_node(ctx)
     problems = parallel_problems(megatron) + dist_checkpoint_problems(megatron, "megatron")
     dtype = dtype_problem(schema_node(ctx.model, "actor_rollout_ref.model"))
@@ -132,7 +145,7 @@ def _parallel_sizes(ctx: EngineContext) -> tuple[int, int]:
             f"actor_rollout_ref.actor.megatron tensor x pipeline parallel size {tp} x {pp} does "
             f"not divide the {ctx.world_size} workers of role {ctx.role!r}"
         )
-    return tp, pp
+    return tp, pp, virtual_size(megatron)
 
 
 def _transformer_overrides(
@@ -190,9 +203,9 @@ class MegatronEngine(TrainingEngine):
         self.settings = resolve_settings(
             ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
         )
-        self.tp, self.pp = _parallel_sizes(ctx)
+        self.tp, self.pp, self.vpp = _parallel_sizes(ctx)
         self.device = _join_process_group(ctx)
-        init_model_parallel(self.tp, self.pp, ctx.seed)
+        init_model_parallel(self.tp, self.pp, ctx.seed, self.vpp)
         seed_everything(ctx.seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -205,45 +218,48 @@ class MegatronEngine(TrainingEngine):
         self.shape = GPTShape.from_hf_config(self.hf_config, self.tp)
         overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
         self.split = StageSplit.from_overrides(overrides)
-        stages = pipeline_stages(self.shape.num_layers, self.pp, self.split)
-        self.stage = stages[self.pp_rank]
+        stages = virtual_stages(self.shape.num_layers, self.pp, self.vpp, self.split)
+        # this rank's model chunks: its stage, or chunk v of it at [v * pp + pp_rank] (VPP)
+        self.chunks = [
+            ModelChunk(index, stages[index], None)
+            for index in range(self.pp_rank, len(stages), self.pp)
+        ]
+        for number, chunk in enumerate(self.chunks):
+            chunk.module = build_gpt_model(
+                self.shape,
+                self.hf_config,
+                chunk.stage,
+                pipeline_parallel=self.pp,
+                recompute=recompute,
+                overrides=overrides,
+                device=self.device,
+                virtual=self.vpp,
+                chunk=number if self.vpp else None,
+            )
+            self._load_weights(ctx, chunk)
+        self.is_last_stage = self.chunks[-1].stage.is_last
         self.mesh = DataParallelRank(
             dp_rank=parallel_state.get_data_parallel_rank(),
             dp_size=self.dp_size,
-            returns_output=self.tp_rank == 0 and self.stage.is_last,
+            returns_output=self.tp_rank == 0 and self.is_last_stage,
         )
-        self.model = build_gpt_model(
-            self.shape,
-            self.hf_config,
-            self.stage,
-            pipeline_parallel=self.pp,
-            recompute=recompute,
-            overrides=overrides,
-            device=self.device,
-        )
-        megatron = _megatron_node(ctx)
-        if megatron.use_dist_checkpointing:
-            load_dist_checkpoint(
-                self.model, megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
-            )
-        else:
-            load_hf_weights(
-                self.model,
-                ctx.model_path,
-                self.shape,
-                self.stage,
-                self.tp_rank,
-                self.settings.trust_remote_code,
-            )
+        # one module holding this rank's parameters (offload, optimizer, checkpoint); with
+        # several chunks their state_dict keys carry the chunk's number
+        modules = [chunk.module for chunk in self.chunks]
+        self.model = modules[0] if len(modules) == 1 else torch.nn.ModuleList(modules)
         self.head = ModelHead(ctx.head)
         self.value_head: torch.nn.Module | None = None
-        if self.head is ModelHead.VALUE and self.stage.is_last:
+        if self.head is ModelHead.VALUE and self.is_last_stage:
+            last = self.chunks[-1].module
             self.value_head = value_head(self.shape, self.hf_config, ctx.seed, self.device)
-            self.model.add_module("value_head", self.value_head)
+            last.add_module("value_head", self.value_head)
             if not (self.shape.tied and self.pp > 1):  # a tied copy still sums the embedding's
-                self.model.output_layer.requires_grad_(False)  # the LM head: unused by a critic
+                last.output_layer.requires_grad_(False)  # the LM head: unused by a critic
         self.stage_weights = StageWeights(
-            self.model, stages, self.pp_rank, self.pp_group, self.device
+            [(chunk.index, chunk.module) for chunk in self.chunks],
+            stages,
+            self.pp_group,
+            self.device,
         )
         self.compute_dtype = torch_dtype(self.settings.dtype)
         paths = ScoringPaths.choose(
@@ -275,6 +291,23 @@ class MegatronEngine(TrainingEngine):
         )
         self.offload.start()
 
+    def _load_weights(self, ctx: EngineContext, chunk: ModelChunk) -> None:
+        """A chunk's initial weights: from the HF folder, or verl's megatron dist checkpoint."""
+        megatron = _megatron_node(ctx)
+        if megatron.use_dist_checkpointing:
+            load_dist_checkpoint(
+                chunk.module, megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
+            )
+            return
+        load_hf_weights(
+            chunk.module,
+            ctx.model_path,
+            self.shape,
+            chunk.stage,
+            self.tp_rank,
+            self.settings.trust_remote_code,
+        )
+
     def data_parallel_rank(self) -> DataParallelRank:
         """The TP x PP ranks of one model copy form one data-parallel rank; the first TP rank of
         the last stage returns the output."""
@@ -284,7 +317,17 @@ class MegatronEngine(TrainingEngine):
     def _micro_batches(self, batch: Batch, training: bool) -> list[list[int]]:
         """Row groups, the same on every TP and PP peer (they hold the same rows). Data-parallel
         ranks may run different numbers: gradients are reduced once, after the last one."""
-        return plan_micro_batches(batch, self.settings, training)
+        groups = plan_micro_batches(batch, self.settings, training)
+        if self.vpp is None:
+            return groups
+        groups = at_least(groups, self.pp)  # the interleaved schedule needs one per stage
+        if len(groups) < self.pp:
+            raise EngineUsageError(
+                f"interleaved pipeline parallelism (virtual_pipeline_model_parallel_size="
+                f"{self.vpp}) runs at least {self.pp} micro-batches, one per stage; this "
+                f"data-parallel rank got {len(batch)} rows: give it at least {self.pp}"
+            )
+        return groups
 
     def _scores(self, temperature: float, entropy: EntropyMode) -> ScoreForward:
         """The forward that scores a micro-batch with this engine's head: log-probs (and
@@ -302,6 +345,8 @@ class MegatronEngine(TrainingEngine):
         the loss function the last stage runs on its ``scores`` (``[b, R]``, zero on padding,
         then ``scored_loss``)."""
 
+        last = {id(chunk.module): chunk.stage.is_last for chunk in self.chunks}
+
         def step(micros: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Callable]:
             micro = next(micros)
             with torch.autocast(
@@ -318,7 +363,7 @@ class MegatronEngine(TrainingEngine):
                 return value, tokens, record
 
             # the activation sent to the next stage in pipeline_dtype (float32)
-            return (output if self.stage.is_last else output.float()), loss
+            return (output if last[id(model)] else output.float()), loss
 
         return step
 
@@ -359,7 +404,7 @@ class MegatronEngine(TrainingEngine):
         try:
             with torch.no_grad(), self.offload.call():
                 step = self._forward_step(scores, keep_scores)
-                records = run_schedule(self.model, micros, step, forward_only=True)
+                records = run_schedule(self._modules(), micros, step, forward_only=True)
         finally:
             self.model.train(was_training)
         for group, (score, ent) in zip(groups, records):
@@ -414,7 +459,7 @@ class MegatronEngine(TrainingEngine):
         peak = StepPeakMemory(self.device)
         step = self._forward_step(scores, scored_loss)
         with self.offload.call():
-            result = mean_metrics(run_schedule(self.model, micros, step, forward_only=False))
+            result = mean_metrics(run_schedule(self._modules(), micros, step, forward_only=False))
             grad_norm, lr = self._optimizer_step()
         if entropy is not None:
             entropy.report(result, self.metric_prefix)
@@ -428,8 +473,13 @@ class MegatronEngine(TrainingEngine):
         the norm is not finite, advance the schedule; return the pre-clip norm and the lr this
         step used."""
         assert self.optimizer is not None and self.scheduler is not None
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
+        named = [
+            (chunk.stage, n, p)
+            for chunk in self.chunks
+            for n, p in chunk.module.named_parameters()
+            if p.requires_grad
+        ]
+        params = [p for _, _, p in named]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         if self.dp_size > 1:
             handles = [dist.all_reduce(g, group=self.dp_group, async_op=True) for g in grads]
@@ -437,16 +487,17 @@ class MegatronEngine(TrainingEngine):
                 handle.wait()
             for grad in grads:
                 grad.div_(self.dp_size)
-        if self.shape.tied and self.pp > 1 and (self.stage.is_first or self.stage.is_last):
+        ends = [c for c in self.chunks if c.stage.is_first or c.stage.is_last]
+        if self.shape.tied and self.pp > 1 and ends:
             from megatron.core import parallel_state
 
-            shared = self.model.shared_embedding_or_output_weight()
+            shared = ends[0].module.shared_embedding_or_output_weight()
             tied = next(g for p, g in zip(params, grads) if p is shared)
             dist.all_reduce(tied, group=parallel_state.get_embedding_group())
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)
-        for (name, _), grad in zip(named, grads):
-            if is_tied_copy(name, self.shape, self.stage):
+        for (stage, name, _), grad in zip(named, grads):
+            if is_tied_copy(name, self.shape, stage):
                 continue
             square = grad.float().pow(2).sum()
             if split_dim(name) is not None:
@@ -527,11 +578,16 @@ class MegatronEngine(TrainingEngine):
         self.global_step = restore_loop_state(extra, self.scheduler, self.device)
         dist.barrier()
 
+    def _modules(self) -> list[torch.nn.Module]:
+        return [chunk.module for chunk in self.chunks]
+
     def _layout(self) -> dict[str, Any]:
         layout: dict[str, Any] = {
             "tensor_model_parallel_size": self.tp,
             "pipeline_model_parallel_size": self.pp,
         }
+        if self.vpp is not None:  # each shard holds the rank's chunks, keys "<chunk>.<name>"
+            layout[mckpt.VIRTUAL] = self.vpp
         if not self.split.even:  # uneven stages: what the reader needs to place the layers
             layout[mckpt.STAGE_LAYERS] = [s.num_layers for s in self.stage_weights.stages]
         return layout

@@ -39,9 +39,12 @@ from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatr
 from polyrl_engine_megatron.transformer_overrides import Recompute
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
+def init_model_parallel(
+    tensor_parallel: int, pipeline_parallel: int, seed: int, virtual: int | None = None
+) -> None:
     """megatron-core's process groups on the default group (once per process: the actor and
-    the reference of one worker share them) and its tensor-parallel RNG tracker."""
+    the reference of one worker share them) and its tensor-parallel RNG tracker; ``virtual``:
+    model chunks per stage (interleaved pipeline parallelism)."""
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as mcore_tp
 
@@ -49,17 +52,19 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
         sizes = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_virtual_pipeline_model_parallel_world_size(),
         )
-        if sizes != (tensor_parallel, pipeline_parallel):
+        if sizes != (tensor_parallel, pipeline_parallel, virtual):
             raise ConfigError(
-                f"megatron-core is already split TP x PP = {sizes[0]} x {sizes[1]} in this "
-                f"process; every megatron role of a pool must use the same "
+                f"megatron-core is already split TP x PP = {sizes[0]} x {sizes[1]} (virtual "
+                f"{sizes[2]}) in this process; every megatron role of a pool must use the same "
                 f"actor_rollout_ref.actor.megatron sizes"
             )
         return
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        virtual_pipeline_model_parallel_size=virtual,
     )
     mcore_tp.model_parallel_cuda_manual_seed(seed)
 
@@ -70,6 +75,7 @@ def transformer_config_kwargs(
     *,
     pipeline_parallel: int,
     overrides: dict[str, Any] | None = None,
+    virtual: int | None = None,
 ) -> dict[str, Any]:
     """``TransformerConfig`` arguments that reproduce the HF model's computation, with the
     keys of ``megatron.override_transformer_config`` that pass to megatron-core over them
@@ -91,6 +97,7 @@ def transformer_config_kwargs(
         "attention_dropout": 0.0,
         "tensor_model_parallel_size": shape.tensor_parallel,
         "pipeline_model_parallel_size": pipeline_parallel,
+        "virtual_pipeline_model_parallel_size": virtual,
         "pipeline_dtype": torch.float32,
         "variable_seq_lengths": True,
         # no experts here, but megatron-core refuses variable_seq_lengths with its default
@@ -116,6 +123,7 @@ def transformer_config(
     *,
     pipeline_parallel: int,
     overrides: dict[str, Any] | None = None,
+    virtual: int | None = None,
 ) -> Any:
     """megatron-core's ``TransformerConfig`` of :func:`transformer_config_kwargs`; a key of
     ``overrides`` it does not have is one :class:`ConfigError` line."""
@@ -123,7 +131,7 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     kwargs = transformer_config_kwargs(
-        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides
+        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides, virtual=virtual
     )
     try:
         return TransformerConfig(**kwargs)
@@ -143,11 +151,14 @@ def build_gpt_model(
     recompute: Recompute,
     overrides: dict[str, Any] | None = None,
     device: torch.device | None = None,
+    virtual: int | None = None,
+    chunk: int | None = None,
 ) -> Any:
     """This stage's GPTModel (float32 parameters, uninitialised) on ``device`` (the current
     CUDA device by default; the CPU for tests), the layers or submodules that ``recompute``
     names recomputed in the backward; checks that megatron-core placed the stage's layers where
-    ``stage`` says."""
+    ``stage`` says. With ``virtual`` chunks per stage (interleaved pipeline parallelism),
+    ``stage`` is model chunk ``chunk`` of this rank."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -156,7 +167,7 @@ def build_gpt_model(
     if device.type == "cpu":  # megatron-core allocates on the current CUDA device otherwise
         overrides = {**(overrides or {}), "use_cpu_initialization": True}
     config = transformer_config(
-        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides
+        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides, virtual=virtual
     )
     spec = get_gpt_layer_local_spec()
     spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
@@ -171,8 +182,9 @@ def build_gpt_model(
         parallel_output=True,
         pre_process=stage.is_first,
         post_process=stage.is_last,
+        **({} if virtual is None else {"vp_stage": chunk}),
     ).to(device)
-    built = (get_transformer_layer_offset(config), len(model.decoder.layers))
+    built = (get_transformer_layer_offset(config, vp_stage=chunk), len(model.decoder.layers))
     if built != (stage.first_layer, stage.num_layers):
         raise RuntimeError(
             f"megatron-core built decoder layers {built[0]}..{sum(built) - 1} on this stage, "
