@@ -98,7 +98,7 @@ def test_a_curriculum_samplers_update_steers_the_next_batches(samplers: Path) ->
     assert batches.next_indices() == [0, 1]
     # the step trained on rows 0 and 1, which scored 0.9 and 0.1; row 1 was hard
     after_step(batches, {"index": [0, 1], "score": [0.9, 0.1]})
-    assert batches.sampler.updates == 1
+    assert batches.user_sampler.updates == 1
     assert batches.next_indices() == [3, 4]  # re-sorted [1, 2, 3, 4, ..., 0], from its 3rd
     batches.next_indices(), batches.next_indices()  # the rest of the pass
     assert batches.next_indices() == [1, 2]  # the new pass starts with the hard row
@@ -126,7 +126,9 @@ def test_a_sampler_without_state_is_refused_resume_in_one_line(samplers: Path) -
 
 def test_the_sampler_is_loaded_as_verl_loads_it(samplers: Path) -> None:
     data = OmegaConf.create({"sampler": {"class_path": f"file://{samplers}", "class_name": "x"}})
-    with pytest.raises(ConfigError, match="'x' is not a class in data.sampler.class_path='file://"):
+    with pytest.raises(
+        ConfigError, match=r"'x' is not a class in data\.sampler\.class_path='file://"
+    ):
         build_sampler(data, Dataset())
     module = {"class_path": "pkg://polyrl/data/sampler", "class_name": "SamplerLoader"}
     assert sampler_problems(OmegaConf.create(module)) == []  # verl's pkg:// with slashes

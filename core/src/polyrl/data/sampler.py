@@ -39,13 +39,13 @@ def build_sampler(data_config: Any, dataset: Any) -> Any:
     """The user's sampler over ``dataset``, built as verl builds it."""
     node = data_config.sampler
     cls = load_user_class(f"{KEY}.class_path", str(node.class_path), str(node.class_name))
-    sampler = cls(data_source=dataset, data_config=data_config)
-    if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
+    instance = cls(data_source=dataset, data_config=data_config)
+    if not (hasattr(instance, "__iter__") and hasattr(instance, "__len__")):
         raise ConfigError(
             f"{KEY}.class_name={node.class_name!r} must be a sampler (iterable over dataset "
             "positions, with a length), like torch's Sampler"
         )
-    return sampler
+    return instance
 
 
 class SamplerLoader(PromptLoader):
@@ -54,25 +54,25 @@ class SamplerLoader(PromptLoader):
 
     def __init__(self, dataset: Any, batch_size: int, *, sampler: Any) -> None:
         super().__init__(dataset, batch_size, shuffle=False)
-        self.sampler = sampler
+        self.user_sampler = sampler  # not `sampler`: that name reads as the config group
         self._pass: Iterator[Any] | None = None
 
     def __len__(self) -> int:
-        return len(self.sampler) // self.batch_size
+        return len(self.user_sampler) // self.batch_size
 
     def next_indices(self, count: int | None = None) -> list[int]:
         count = self.batch_size if count is None else int(count)
         if self._pass is None:
-            self._pass = iter(self.sampler)
+            self._pass = iter(self.user_sampler)
         chosen = self._take(count)
         if len(chosen) < count:  # the pass ran out: the next epoch's first batch
             self.epoch += 1
             self.position = 0
-            self._pass = iter(self.sampler)
+            self._pass = iter(self.user_sampler)
             chosen = self._take(count)
             if len(chosen) < count:
                 raise DataError(
-                    f"{KEY}.class_name={type(self.sampler).__name__} yields {len(chosen)} "
+                    f"{KEY}.class_name={type(self.user_sampler).__name__} yields {len(chosen)} "
                     f"prompts per pass, fewer than a batch of {count}"
                 )
         self.position += count
@@ -84,31 +84,31 @@ class SamplerLoader(PromptLoader):
 
     def update(self, batch: Any) -> None:
         """A curriculum sampler's ``update(batch)``, after each training step."""
-        update = getattr(self.sampler, "update", None)
+        update = getattr(self.user_sampler, "update", None)
         if callable(update):
             update(batch=batch)
 
     def state_dict(self) -> dict[str, Any]:
-        saver = getattr(self.sampler, "state_dict", None)
+        saver = getattr(self.user_sampler, "state_dict", None)
         return {
             **super().state_dict(),
             "sampler": saver() if callable(saver) and self._resumable() else None,
-            "sampler_class": type(self.sampler).__name__,
+            "sampler_class": type(self.user_sampler).__name__,
         }
 
     def _resumable(self) -> bool:
-        return callable(getattr(self.sampler, "load_state_dict", None))
+        return callable(getattr(self.user_sampler, "load_state_dict", None))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("sampler") is None:
-            name = state.get("sampler_class", type(self.sampler).__name__)
+            name = state.get("sampler_class", type(self.user_sampler).__name__)
             raise DataError(
                 f"cannot resume exactly: the sampler {name} ({KEY}.class_name) has no "
                 "state_dict()/load_state_dict(), so the prompts it would draw next are unknown; "
                 "give it those methods (torchdata's stateful-sampler convention) or start a new run"
             )
         super().load_state_dict(state)
-        self.sampler.load_state_dict(state["sampler"])
+        self.user_sampler.load_state_dict(state["sampler"])
         self._pass = None  # iter() continues the pass the state was taken in
 
 
