@@ -159,14 +159,20 @@ def _stage_scenario(rank: int, world: int, path: str, split: StageSplit) -> dict
 
 def test_uneven_stages_equal_the_unsplit_model(tmp_path) -> None:
     pytest.importorskip("megatron.core")
-    from transformers import AutoModelForCausalLM
-
     _hf_model(str(tmp_path))
     split = StageSplit(first=1)
     first, last = run_on_ranks(_stage_scenario, 2, str(tmp_path), split, timeout_s=120)
     assert [first["layers"], last["layers"]] == [(0, 1), (1, 2)]
 
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    assert_matches_hf(str(tmp_path), first, last)
+
+
+def assert_matches_hf(path: str, first: dict, last: dict):
+    """The split run's log-probs and loss (the last rank's) and its weights' gradients (both
+    ranks') are the HF model's at ``path``; returns that model."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = _tokens()
     log_probs = _log_probs(hf(ids).logits, ids)
     loss = -log_probs.mean()
@@ -178,3 +184,4 @@ def test_uneven_stages_equal_the_unsplit_model(tmp_path) -> None:
     assert grads.keys() == expected.keys()
     for name, grad in expected.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    return hf

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from test_megatron_stages import _hf_model, _log_probs, _tokens
+from test_megatron_stages import _hf_model, _log_probs, _tokens, assert_matches_hf
 
 from polyrl.api import ConfigError
 from polyrl.api.testing import schema_config
@@ -120,27 +120,13 @@ def _scenario(rank: int, world: int, path: str, folder: str) -> dict:
 
 
 def test_interleaved_chunks_equal_the_unsplit_model(tmp_path) -> None:
-    from transformers import AutoModelForCausalLM
-
     path, folder = str(tmp_path / "hf"), tmp_path / "ckpt"
     folder.mkdir()
     _hf_model(path, layers=4)
     first, last = run_on_ranks(_scenario, 2, path, str(folder), timeout_s=150)
     assert first["layers"] == [(0, 1), (2, 1)] and last["layers"] == [(1, 1), (3, 1)]
 
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ids = _tokens()
-    log_probs = _log_probs(hf(ids).logits, ids)
-    loss = -log_probs.mean()
-    loss.backward()
-    torch.testing.assert_close(last["log_probs"], log_probs.detach(), rtol=1e-5, atol=1e-5)
-    assert last["loss"] == pytest.approx(loss.item(), abs=1e-5)
-    grads = {**first["grads"], **last["grads"]}
-    expected = {name: p.grad for name, p in hf.named_parameters()}
-    assert grads.keys() == expected.keys()
-    for name, grad in expected.items():
-        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
-    state = hf.state_dict()
+    state = assert_matches_hf(path, first, last).state_dict()
     for streamed in (first["streamed"], last["streamed"]):
         assert streamed.keys() == state.keys()
         assert all(torch.equal(streamed[name], state[name]) for name in state)
