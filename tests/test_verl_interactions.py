@@ -195,3 +195,15 @@ def test_a_run_trains_on_the_interactions_scores(tmp_path):
         assert record["multi_turn/user_turns/mean"] > 0
         assert record["multi_turn/assistant_turns/mean"] > 1
         assert "multi_turn/interaction_turn_score/mean" in record
+
+
+def test_environments_that_do_not_read_interactions_refuse_them(tmp_path):
+    path = write_config(tmp_path / "i.yaml", {"class_name": VERL_GSM8K})
+    cfg = load_config(
+        [
+            "recipe=tool_tiny",
+            f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={path}",
+        ]
+    )
+    problems = validate_config(cfg)
+    assert len(problems) == 1 and "environment=tool_tiny plays its own task" in problems[0]

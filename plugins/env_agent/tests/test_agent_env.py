@@ -137,12 +137,18 @@ def test_max_concurrency_bounds_the_agents_own_work_not_the_turns(limit, most):
 def test_the_agent_keys_are_checked_before_the_run():
     from polyrl_env_agent.settings import check_config
 
-    bad = {"agent_function": None, "agent_timeout_s": 0, "agent_max_concurrency": 0}
+    bad = {
+        "agent_function": None,
+        "agent_timeout_s": 0,
+        "agent_max_concurrency": 0,
+        "interaction_config_path": "interactions.yaml",
+    }
     config = SimpleNamespace(
         actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(multi_turn=_Node(bad)))
     )
     problems = check_config(config)
-    assert len(problems) == 3
+    assert len(problems) == 4
     assert "needs multi_turn.agent_function" in problems[0]
     assert "agent_timeout_s=0 must be > 0" in problems[1]
     assert "agent_max_concurrency=0 must be >= 1" in problems[2]
+    assert "interaction_config_path (verl's interactions) is read by the tools" in problems[3]

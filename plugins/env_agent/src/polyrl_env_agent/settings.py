@@ -40,4 +40,10 @@ def check_config(cfg: Any) -> list[str]:
     limit = settings.agent_max_concurrency
     if limit is not None and int(limit) < 1:
         problems.append(f"multi_turn.agent_max_concurrency={limit} must be >= 1 (null: no limit)")
+    if settings.get("interaction_config_path"):
+        problems.append(
+            "multi_turn.interaction_config_path (verl's interactions) is read by the tools "
+            "environment; with multi_turn.environment=agent the agent function speaks as the "
+            "user: unset it, or use multi_turn.environment=tools"
+        )
     return problems

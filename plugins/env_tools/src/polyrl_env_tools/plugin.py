@@ -32,4 +32,5 @@ def polyrl_environments() -> Iterator[EnvironmentSpec]:
         name="tool_tiny",
         description="The tiny model's tool task: the answer is only in the tool's message",
         environment="polyrl_env_tools.tiny:ToolTinyEnvironment",
+        config_check="polyrl_env_tools.settings:check_fixed_task",
     )

@@ -37,3 +37,14 @@ def check_config(cfg: Any) -> list[str]:
 
     path = cfg.actor_rollout_ref.rollout.multi_turn.get("interaction_config_path")
     return check_interaction_config(str(path)) if path else []
+
+
+def check_fixed_task(cfg: Any) -> list[str]:
+    """``tool_tiny`` plays its own task: verl's interactions would be ignored there."""
+    if cfg.actor_rollout_ref.rollout.multi_turn.get("interaction_config_path"):
+        return [
+            "multi_turn.interaction_config_path (verl's interactions) is read by the tools "
+            "environment; multi_turn.environment=tool_tiny plays its own task: unset it, or use "
+            "multi_turn.environment=tools"
+        ]
+    return []
