@@ -30,6 +30,20 @@ def _step(path: str, offload: bool, checkpointing: bool) -> tuple[dict, dict]:
     return metrics, {name: w.clone() for name, w in engine.named_weights()}
 
 
+def _critic_offloads(path: str) -> bool:
+    """A critic gets the actor's model node: the actor's key must not turn its offload on
+    (verl's critic has its own key)."""
+    from dataclasses import replace
+
+    from polyrl.api import ModelHead
+    from polyrl_engine_fsdp.engine import FSDPEngine
+    from polyrl_engine_kit.testing import composed_context
+
+    model = {"dtype": "float32", "enable_activation_offload": True}
+    ctx = composed_context(path, model=model, actor={"fsdp_config": {"mixed_precision": False}})
+    return FSDPEngine(replace(ctx, role="critic", head=ModelHead.VALUE)).activation_offload
+
+
 def _scenario(rank: int, world: int, path: str) -> dict:
     packed: list[torch.device] = []
     original = torch.autograd.graph.save_on_cpu
@@ -41,7 +55,7 @@ def _scenario(rank: int, world: int, path: str) -> dict:
             self.pack_hook = lambda tensor: (packed.append(tensor.device), pack(tensor))[1]
 
     torch.autograd.graph.save_on_cpu = Counting
-    out: dict = {}
+    out: dict = {"critic_offloads": _critic_offloads(path)}
     for checkpointing in (False, True):
         start = len(packed)
         off = _step(path, offload=False, checkpointing=checkpointing)
@@ -72,6 +86,10 @@ def test_offloaded_activations_give_the_same_step(result: dict, checkpointing: b
 
 def test_fewer_tensors_are_saved_with_gradient_checkpointing(result: dict) -> None:
     assert result["packed_on_True"] < result["packed_on_False"]
+
+
+def test_the_actors_key_leaves_a_critics_activations_alone(result: dict) -> None:
+    assert result["critic_offloads"] is False
 
 
 def test_the_actors_key_validates_and_the_critics_is_refused() -> None:

@@ -116,9 +116,12 @@ class FSDPEngine(TrainingEngine):
         join_default_group(ctx, default_backend(self.device))
         seed_everything(ctx.seed)
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
-        model_node = schema_node(ctx.model, "actor_rollout_ref.model")
-        self.activation_offload = self.trainable and bool(model_node.enable_activation_offload)
         self.head = ModelHead(ctx.head)
+        # the actor's (a critic gets the actor's model node; verl's critic key is its own)
+        offload = schema_node(ctx.model, "actor_rollout_ref.model").enable_activation_offload
+        self.activation_offload = (
+            self.trainable and self.head is ModelHead.CAUSAL_LM and bool(offload)
+        )
         master = torch_dtype(self.settings.master_dtype)  # verl's fsdp_config.model_dtype
         model = load_hf_model(ctx.model_path, self.settings, self.device, self.head, master)
         self.hf_config = model.config
