@@ -32,7 +32,14 @@ class ChatTokens:
         self._base: str | None = None  # the stand-in chat rendered (the same at every call)
 
     def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        return self.encode_many([text])[0]
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids, from one tokenizer call (a fast tokenizer encodes them in parallel)."""
+        if not texts:
+            return []
+        encoded = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return [[int(i) for i in ids] for ids in encoded]
 
     def render(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = (), **kw: Any
@@ -53,18 +60,30 @@ class ChatTokens:
         """Tokens to append after a sampled assistant turn (which ends with its end-of-turn
         token, or, with ``close``, was cut before it: then the token comes first): the
         observation ``messages`` and the next assistant header."""
+        return self.observations_ids([(messages, close)])[0]
+
+    def observations_ids(
+        self, observations: Sequence[tuple[Sequence[dict[str, Any]], bool]]
+    ) -> list[list[int]]:
+        """:meth:`observation_ids` of each ``(messages, close)``, encoded together."""
         if self._base is None:
             self._base = self.render(_BASE)
         base = self._base
-        full = self.render([*_BASE, *messages], add_generation_prompt=True)
-        if not full.startswith(base):
-            raise ConfigError(
-                "the tokenizer's chat template does not render a conversation's start as the "
-                "start of its rendering, so observations cannot be appended to sampled turns; "
-                "use a chat template that does (ChatML, Llama 3) for multi-turn rollouts"
-            )
-        ids = self.encode(self._turn_closing(base) + full[len(base) :])
-        return [self._end_of_turn, *ids] if close else ids
+        closing = self._turn_closing(base)
+        texts = []
+        for messages, _close in observations:
+            full = self.render([*_BASE, *messages], add_generation_prompt=True)
+            if not full.startswith(base):
+                raise ConfigError(
+                    "the tokenizer's chat template does not render a conversation's start as the "
+                    "start of its rendering, so observations cannot be appended to sampled turns; "
+                    "use a chat template that does (ChatML, Llama 3) for multi-turn rollouts"
+                )
+            texts.append(closing + full[len(base) :])
+        return [
+            [self._end_of_turn, *ids] if close else ids
+            for ids, (_messages, close) in zip(self.encode_many(texts), observations, strict=True)
+        ]
 
     def _turn_closing(self, base: str) -> str:
         """What the template writes after an assistant turn's end-of-turn token (sampled by the

@@ -152,7 +152,8 @@ class MultiTurnRollout:
         try:
             while live := [t for t in trajectories if t.live]:
                 turns = self._sample(live, generate, params, turn)
-                await asyncio.gather(*(self._step(t, at) for t, at in zip(live, turns)))
+                steps = await asyncio.gather(*(self._step(t, at) for t, at in zip(live, turns)))
+                self._observe([(t, step) for t, step in zip(live, steps) if step is not None])
                 turn += 1
         finally:
             if release is not None:
@@ -208,8 +209,10 @@ class MultiTurnRollout:
         )
         out = generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_params)
         lengths = out["response_mask"].sum(-1).tolist()
-        # one conversion of each tensor, not one per episode
-        responses = out["responses"].long().tolist()
+        # one conversion of each tensor, not one per episode (the tokenizer takes numpy rows
+        # without checking every id's type)
+        responses_np = out["responses"].long().cpu().numpy()
+        responses = responses_np.tolist()
         sampled_lp = out.get("rollout_log_probs")
         log_probs = sampled_lp.float().tolist() if sampled_lp is not None else None
         turns = []
@@ -218,7 +221,8 @@ class MultiTurnRollout:
             sampled = responses[i][:n]
             traj.append(sampled, log_probs[i][:n] if log_probs is not None else [0.0] * n)
             traj.assistant_turns += 1
-            text = traj.prefill + self.chat.tokenizer.decode(sampled, skip_special_tokens=True)
+            reply = self.chat.tokenizer.decode(responses_np[i, :n], skip_special_tokens=True)
+            text = traj.prefill + reply
             traj.prefill = ""
             traj.last_text = text
             calls, errors = self.parse(text, traj.assistant_turns - 1)
@@ -239,31 +243,43 @@ class MultiTurnRollout:
             )
         return turns
 
-    async def _step(self, traj: Trajectory, turn: AssistantTurn) -> None:
+    async def _step(
+        self, traj: Trajectory, turn: AssistantTurn
+    ) -> tuple[list[dict[str, Any]], bool] | None:
+        """The environment's answer to ``turn``: the observation's messages and whether the
+        turn must be closed before them, when the episode goes on (:meth:`_observe` appends
+        them), else None."""
         assert traj.episode is not None
         obs = await self._call(traj, traj.episode.step(turn))
         if not isinstance(obs, Observation):
             if traj.live:
                 traj.end_reason = END_ENV_ERROR
                 traj.metrics["error/not_an_observation"] += 1
-            return
+            return None
         traj.metrics.update(obs.metrics)
         if obs.reward is not None and traj.tokens:
             traj.turn_rewards[len(traj.tokens) - 1] = float(obs.reward)
         traj.end_reason = self._end_after(traj, turn, obs)
         if traj.end_reason is not None:
-            return
+            return None
         messages = [self._bounded(m) for m in obs.messages]
         traj.user_turns += any(m.get("role") == "user" for m in messages)
         limit = self.max_user_turns
         if limit is not None and traj.user_turns > limit:
             traj.end_reason = END_MAX_USER_TURNS
-            return
-        ids = self.chat.observation_ids(messages, close=not turn.finished)
-        if len(traj.tokens) + len(ids) >= self.budget:  # no room left for a reply
-            traj.end_reason = END_TRUNCATED
-            return
-        traj.append(ids, None)
+            return None
+        return messages, not turn.finished
+
+    def _observe(
+        self, pending: Sequence[tuple[Trajectory, tuple[list[dict[str, Any]], bool]]]
+    ) -> None:
+        """Append each episode's observation tokens (all rendered, then encoded together)."""
+        all_ids = self.chat.observations_ids([observation for _, observation in pending])
+        for (traj, _), ids in zip(pending, all_ids, strict=True):
+            if len(traj.tokens) + len(ids) >= self.budget:  # no room left for a reply
+                traj.end_reason = END_TRUNCATED
+            else:
+                traj.append(ids, None)
 
     def _end_after(self, traj: Trajectory, turn: AssistantTurn, obs: Observation) -> str | None:
         if obs.done:
