@@ -292,7 +292,12 @@ def main() -> None:
             elif run >= args.warmup:
                 times.append(finished - start)
         seconds = statistics.median(times)
-        results[label] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        results[label] = {
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds,
+            "runs_s": times,
+        }
     results["multi"]["episodes_per_s"] = args.episodes / results["multi"]["seconds"]
     ratio = results["multi"]["tokens_per_s"] / results["single"]["tokens_per_s"]
     print(
