@@ -150,7 +150,7 @@ def test_shards_split_whole_groups_and_pad_the_vocabulary() -> None:
 
 
 def test_shape_refuses_what_it_cannot_convert() -> None:
-    with pytest.raises(ConfigError, match="converts qwen2, llama models; this model is 'gpt2'"):
+    with pytest.raises(ConfigError, match="qwen2_moe, qwen3_moe models; this model is 'gpt2'"):
         GPTShape.from_hf_config(type("C", (), {"model_type": "gpt2"})(), 1)
     with pytest.raises(ConfigError, match="num_key_value_heads=2 is not divisible by"):
         GPTShape.from_hf_config(LLAMA, 4)

@@ -28,15 +28,16 @@ def test_verls_moe_script_overrides_split() -> None:
         {
             **VERL_RECOMPUTE,
             "moe_router_dtype": "fp32",
+            "moe_permute_fusion": True,
             "apply_rope_fusion": True,
             "gradient_accumulation_fusion": True,
             "init_method_std": 0.02,
         }
     )
-    assert passed == {"init_method_std": 0.02}
+    assert passed == {"init_method_std": 0.02, "moe_router_dtype": "fp32"}
     assert problems == []
     assert [line.split("=")[0] for line in notices] == [
-        f"{KEY}.moe_router_dtype",
+        f"{KEY}.moe_permute_fusion",
         f"{KEY}.apply_rope_fusion",
         f"{KEY}.gradient_accumulation_fusion",
     ]

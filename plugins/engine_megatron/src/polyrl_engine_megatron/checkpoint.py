@@ -35,6 +35,7 @@ from polyrl_engine_megatron.convert import (
     stages_of,
     virtual_stages,
 )
+from polyrl_engine_megatron.moe import stack_experts
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 # the layout's decoder layers per pipeline stage, recorded when the stages are uneven
@@ -164,6 +165,8 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
                         f"of {model_path!r} ({exc}); export with the model the run trained"
                     ) from exc
         del shards
+    if shape.moe:  # each expert's weights as transformers' fused tensors of its layer
+        state = dict(stack_experts(iter(state.items()), shape.moe.num_experts))
     _check_names(path, state, model.state_dict())
     model.load_state_dict(state)
     return model

@@ -40,8 +40,10 @@ from typing import Any
 import torch
 
 from polyrl.api import ConfigError
+from polyrl_engine_megatron import moe as mixture
+from polyrl_engine_megatron.moe import MoEShape
 
-FAMILIES = ("qwen2", "llama")
+FAMILIES = ("qwen2", "llama", *mixture.FAMILIES)
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
@@ -64,6 +66,8 @@ class GPTShape:
     tied: bool
     qkv_bias: bool
     rope_theta: float
+    moe: MoEShape | None = None  # a mixture-of-experts model's MoE blocks (every layer)
+    qk_norm: bool = False  # RMSNorm of each head's queries and keys (Qwen3-MoE)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -76,8 +80,8 @@ class GPTShape:
 
     @classmethod
     def from_hf_config(cls, config: Any, tensor_parallel: int) -> GPTShape:
-        """The shape of a Qwen2/Llama config split over ``tensor_parallel`` ranks; a
-        :class:`ConfigError` naming what does not fit otherwise."""
+        """The shape of a Qwen2/Llama/Qwen2-MoE/Qwen3-MoE config split over ``tensor_parallel``
+        ranks; a :class:`ConfigError` naming what does not fit otherwise."""
         family = str(getattr(config, "model_type", ""))
         if family not in FAMILIES:
             raise ConfigError(
@@ -96,19 +100,22 @@ class GPTShape:
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        moe = (
+            MoEShape.from_hf_config(config, tensor_parallel) if family in mixture.FAMILIES else None
+        )
         problems = [
             f"{what}={count} is not divisible by "
             f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tensor_parallel}"
             for what, count in (
                 ("num_attention_heads", heads),
                 ("num_key_value_heads", kv_heads),
-                ("intermediate_size", int(config.intermediate_size)),
+                ("intermediate_size", 0 if moe else int(config.intermediate_size)),
             )
             if count % tensor_parallel
         ]
         if problems:
             raise ConfigError("; ".join(problems))
-        bias = family == "qwen2" or bool(getattr(config, "attention_bias", False))
+        bias = family in ("qwen2", "qwen2_moe") or bool(getattr(config, "attention_bias", False))
         return cls(
             num_layers=int(config.num_hidden_layers),
             hidden_size=int(config.hidden_size),
@@ -121,6 +128,8 @@ class GPTShape:
             tied=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=bias,
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            moe=moe,
+            qk_norm=family == "qwen3_moe",
         )
 
 
@@ -333,8 +342,9 @@ def is_tied_copy(local: str, shape: GPTShape, stage: PipelineStage) -> bool:
     return local == OUTPUT and shape.tied and not stage.is_first
 
 
-_ROW_SPLIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
-_COLUMN_SPLIT = (EMBEDDING, OUTPUT, "linear_qkv.weight", "linear_qkv.bias", "mlp.linear_fc1.weight")
+# (the dense MLP's, the experts' and the shared expert's linear_fc1 / linear_fc2)
+_ROW_SPLIT = ("self_attention.linear_proj.weight", "linear_fc2.weight")
+_COLUMN_SPLIT = (EMBEDDING, OUTPUT, "linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight")
 
 
 def split_dim(name: str) -> int | None:
@@ -393,7 +403,13 @@ def hf_to_megatron(
                 part.reshape(-1, *q.shape[1:]).clone() for part in grouped.chunk(tp, dim=0)
             ]
         split(dst + "self_attention.linear_proj.weight", hf[attn + "o_proj.weight"], 1)
+        if shape.qk_norm:
+            replicate(dst + "self_attention.q_layernorm.weight", hf[attn + "q_norm.weight"])
+            replicate(dst + "self_attention.k_layernorm.weight", hf[attn + "k_norm.weight"])
         replicate(dst + "pre_mlp_layernorm.weight", hf[src + "post_attention_layernorm.weight"])
+        if shape.moe:
+            out.update(mixture.moe_to_megatron(hf, shape.moe, i, tp))
+            continue
         gate = hf[src + "mlp.gate_proj.weight"].chunk(tp, dim=0)
         up = hf[src + "mlp.up_proj.weight"].chunk(tp, dim=0)
         out[dst + "mlp.linear_fc1.weight"] = [torch.cat([g, u]) for g, u in zip(gate, up)]
@@ -428,7 +444,12 @@ def megatron_to_hf(
     if prefix != "decoder" or not index.isdigit():
         raise KeyError(f"{name!r} is not a megatron-core GPTModel weight this converter knows")
     hf = f"model.layers.{index}."
-    if leaf == "input_layernorm.weight":
+    moe = mixture.moe_to_hf(leaf, shards, hf) if shape.moe else None
+    if moe is not None:
+        yield from moe
+    elif leaf in ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"):
+        yield f"{hf}self_attn.{leaf[15]}_norm.weight", shards[0]
+    elif leaf == "input_layernorm.weight":
         yield hf + "input_layernorm.weight", shards[0]
     elif leaf == "pre_mlp_layernorm.weight":
         yield hf + "post_attention_layernorm.weight", shards[0]

@@ -79,6 +79,7 @@ from polyrl_engine_megatron.convert import (
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
+from polyrl_engine_megatron.moe import stack_experts
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
@@ -216,6 +217,13 @@ class MegatronEngine(TrainingEngine):
 
         self.hf_config = load_hf_config(ctx.model_path, self.settings)
         self.shape = GPTShape.from_hf_config(self.hf_config, self.tp)
+        if self.shape.moe and self.tp > 1:
+            raise ConfigError(
+                f"a {self.hf_config.model_type} model (mixture of experts) runs with "
+                f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 here (got "
+                f"{self.tp}): megatron-core splits MoE layers over tensor-parallel ranks with "
+                f"sequence parallelism, which this engine does not use; use pipeline parallelism"
+            )
         overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
         self.split = StageSplit.from_overrides(overrides)
         stages = virtual_stages(self.shape.num_layers, self.pp, self.vpp, self.split)
@@ -537,6 +545,11 @@ class MegatronEngine(TrainingEngine):
         return self.offload.stream(self._weights())
 
     def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The HF weights; a MoE layer's experts joined into transformers' fused tensors."""
+        weights = self._converted_weights()
+        return stack_experts(weights, self.shape.moe.num_experts) if self.shape.moe else weights
+
+    def _converted_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
 
         # the first stage's embedding yields both HF names of a tied embedding
         def untied(stage: PipelineStage, name: str) -> bool:

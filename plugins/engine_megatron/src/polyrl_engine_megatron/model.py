@@ -1,4 +1,5 @@
-"""Build megatron-core's GPTModel for a Hugging Face Qwen2/Llama checkpoint and load its weights.
+"""Build megatron-core's GPTModel for a Hugging Face Qwen2/Llama (or Qwen2-MoE/Qwen3-MoE, its MoE
+blocks as megatron-core's MoE layers: :mod:`.moe`) checkpoint and load its weights.
 
 The model uses the local layer spec (megatron-core's own modules: no Transformer Engine, no
 apex). Its parameters are float32, the master weights the optimizer updates; the forward runs
@@ -100,8 +101,8 @@ def transformer_config_kwargs(
         "virtual_pipeline_model_parallel_size": virtual,
         "pipeline_dtype": torch.float32,
         "variable_seq_lengths": True,
-        # no experts here, but megatron-core refuses variable_seq_lengths with its default
-        # (allgather) MoE dispatcher
+        # megatron-core refuses variable_seq_lengths with its default (allgather) MoE
+        # dispatcher, also for a dense model
         "moe_token_dispatcher_type": "alltoall",
         "calculate_per_token_loss": True,
         "params_dtype": torch.float32,
@@ -113,6 +114,8 @@ def transformer_config_kwargs(
         "apply_rope_fusion": False,
         "persist_layer_norm": False,
         "gradient_accumulation_fusion": False,
+        "qk_layernorm": shape.qk_norm,
+        **(shape.moe.transformer_config_kwargs() if shape.moe else {}),
     }
     return {**kwargs, **(overrides or {})}
 
@@ -169,7 +172,11 @@ def build_gpt_model(
     config = transformer_config(
         shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides, virtual=virtual
     )
-    spec = get_gpt_layer_local_spec()
+    spec = get_gpt_layer_local_spec(
+        num_experts=shape.moe.num_experts if shape.moe else None,
+        moe_grouped_gemm=False,
+        qk_layernorm=shape.qk_norm,
+    )
     spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
     model = GPTModel(
         config,

@@ -21,11 +21,15 @@ Each key is one of:
   stage layout (:class:`.convert.StageSplit`: weight conversion, streaming, checkpoints) follows
   them; they need ``pipeline_model_parallel_size`` > 1. megatron-core's explicit
   ``pipeline_model_parallel_layout`` is refused.
-- **no effect** (Transformer Engine / apex fusions, ``attention_backend``, MoE settings): the
-  engine's local layer spec has no fused kernels to switch on (its core attention is its own)
-  and its models have no experts; accepted with a note.
-- anything else: passed to ``TransformerConfig`` as given (megatron-core refuses a key it does
-  not have when the engine is built).
+- **no effect** (Transformer Engine / apex fusions, ``attention_backend``, MoE kernels and
+  token dispatchers: grouped GEMM, permute fusion, DeepEP, ``moe_token_dispatcher_type``): the
+  engine's local layer spec has no fused kernels to switch on (its core attention is its own),
+  and a MoE model's tokens go through megatron-core's all-to-all dispatcher (the one that takes
+  micro-batches of any length); the same experts compute the same outputs either way; accepted
+  with a note.
+- anything else, the other MoE settings among them (``moe_router_dtype``, an auxiliary loss):
+  passed to ``TransformerConfig`` as given (megatron-core ignores MoE settings for a dense
+  model, and refuses a key it does not have when the engine is built).
 """
 
 from __future__ import annotations
@@ -84,8 +88,12 @@ NO_EFFECT = (
     "cross_entropy_loss_fusion",
     "attention_backend",
     "deallocate_pipeline_outputs",
+    "moe_grouped_gemm",
+    "moe_permute_fusion",
+    "moe_enable_deepep",
+    "moe_token_dispatcher_type",
+    "moe_shared_expert_overlap",
 )
-NO_EFFECT_PREFIXES = ("moe_",)
 SELECTIVE_MODULES = ("core_attn", "mlp", "layernorm")
 ABSENT_MODULES = ("moe_act", "moe", "shared_experts", "mla_up_proj")
 GRANULARITIES = (None, "full", "selective")
@@ -133,11 +141,11 @@ def split(
         elif key in UNEVEN_STAGES:
             if value not in (None, False):
                 passed[key] = value
-        elif key in NO_EFFECT or key.startswith(NO_EFFECT_PREFIXES):
+        elif key in NO_EFFECT:
             notices.append(
                 f"{where}.{key}={value} (verl) has no effect in polyrl: the Megatron engine's "
-                f"local layer spec has no Transformer Engine or apex kernels and its models no "
-                f"experts"
+                f"local layer spec has no Transformer Engine, apex or DeepEP kernels and its MoE "
+                f"layers dispatch tokens all-to-all"
             )
         else:
             passed[key] = value
