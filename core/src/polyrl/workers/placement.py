@@ -37,6 +37,7 @@ from polyrl.errors import ConfigError, PolyrlError
 from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
 from polyrl.workers.group import SPMDGroup
 from polyrl.workers.mesh import DataParallelRank, check_mesh
+from polyrl.workers.rendezvous import rendezvous_port
 from polyrl.workers.weight_sync import WeightSync, WeightSyncSettings
 from polyrl.workers.worker_plan import WorkerPlan
 
@@ -316,14 +317,10 @@ def _in_process_group(
 ) -> SPMDGroup:
     """The run's one worker, built in this process (``trainer.worker_backend=in_process``):
     a process group of one on a free loopback port, the roles colocated in it."""
-    import socket
-
     from polyrl.workers.local import LocalWorkerGroup
     from polyrl.workers.worker import Worker
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = rendezvous_port("127.0.0.1")
     return LocalWorkerGroup(
         worker_cls or Worker,
         world_size=1,

@@ -29,6 +29,7 @@ from polyrl.run_log import keep
 from polyrl.workers.cluster_probe import alive_node_addresses, wait_until
 from polyrl.workers.group import SPMDGroup, WorkerError
 from polyrl.workers.nodes import alive_nodes, check_nodes_available, placed_nodes, plan_nodes
+from polyrl.workers.rendezvous import rendezvous_port
 from polyrl.workers.stop_signals import stop_signals_deferred
 
 __all__ = ["WorkerError", "WorkerGroup", "ensure_ray"]
@@ -224,9 +225,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
 def _rendezvous_address(loopback: bool) -> tuple[str, int]:
     """IP of the node hosting rank 0, and a free port there, for torch.distributed."""
     host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return host, sock.getsockname()[1]
+    return host, rendezvous_port(host)
 
 
 WORKER_ERROR_LOG = "worker_errors.log"
