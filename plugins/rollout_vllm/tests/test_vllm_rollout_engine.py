@@ -85,8 +85,12 @@ def engine(models):
     yield eng
     eng.close()
     torch.set_num_threads = set_num_threads
-    # The worker's process group outlives the engine (vLLM's own shutdown would destroy it).
+    # The worker's process group outlives the engine (vLLM's own shutdown would destroy it), and
+    # vLLM keeps no group of it: the next engine built in this process starts from scratch.
     assert dist.is_initialized()
+    from vllm.distributed import parallel_state
+
+    assert parallel_state._WORLD is None
     if created_group:
         dist.destroy_process_group()
 

@@ -44,7 +44,11 @@ def run_polyrl_here(
     run may change for the process is put back afterwards: the environment (``env`` is laid over
     it for the run), torch's thread count and the signal handlers (``main`` restores those).
     Not for runs that are signalled, killed or start Ray workers from this process's
-    environment: use :func:`run_polyrl` for those."""
+    environment: use :func:`run_polyrl` for those.
+
+    The in-process worker makes torch's default process group, which a process holds once: a
+    group an earlier test left behind is destroyed before the run, and one the run left (it
+    failed before its shutdown) after it."""
     import torch
 
     from polyrl.cli import main
@@ -52,6 +56,7 @@ def run_polyrl_here(
     saved_env, threads = dict(os.environ), torch.get_num_threads()
     os.environ.update(env or {})
     out, err = io.StringIO(), io.StringIO()
+    _leave_default_group()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(list(args))
@@ -59,6 +64,14 @@ def run_polyrl_here(
         os.environ.clear()
         os.environ.update(saved_env)
         torch.set_num_threads(threads)
+        _leave_default_group()
     return subprocess.CompletedProcess(
         ["polyrl", *args], code, stdout=out.getvalue(), stderr=err.getvalue()
     )
+
+
+def _leave_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

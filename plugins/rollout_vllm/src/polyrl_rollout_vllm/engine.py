@@ -308,8 +308,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """Release the engine. vLLM's full shutdown (also run by a finalizer when the engine is
         garbage-collected) destroys torch's default process group; when that group belongs to the
         worker (it existed before the engine), the finalizer is detached and only vLLM's own parts
-        are torn down: executor, scheduler and its model-parallel subgroups (vLLM 0.32 internals;
-        without them the full shutdown runs)."""
+        are torn down: executor, scheduler, its model-parallel subgroups and its world group (vLLM
+        0.32 internals; without them the full shutdown runs)."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
@@ -322,12 +322,18 @@ class VLLMRolloutEngine(RolloutEngine):
                 client.shutdown()
             else:
                 finalizer.detach()
-                from vllm.distributed import destroy_model_parallel
+                from vllm.distributed import destroy_model_parallel, parallel_state
 
                 core.structured_output_manager.clear_backend()
                 core.model_executor.shutdown()
                 core.scheduler.shutdown()
                 destroy_model_parallel()
+                # vLLM's world group wraps subgroups of the worker's default group; left in
+                # place, the next engine built in this process would reuse it after the worker
+                # destroyed that group.
+                if parallel_state._WORLD is not None:
+                    parallel_state._WORLD.destroy()
+                    parallel_state._WORLD = None
         finally:
             del llm, client, core
             gc.collect()
