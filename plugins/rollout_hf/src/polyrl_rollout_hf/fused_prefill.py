@@ -29,26 +29,17 @@ from polyrl_rollout_hf.fused_step import (
     layer_weights,
 )
 
-# SDPA's memory-efficient kernel wants a mask whose rows start at multiples of this many
-# elements; it copies any other mask into such storage at every call.
-MASK_ALIGNMENT = 16
 
-
-def attention_bias(mask: torch.Tensor, new: int, groups: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive attention mask ``[rows, 1, groups * new, W]`` (0 = attend, -inf = not) for
-    the last ``new`` columns of a right-aligned ``mask [rows, W]`` as queries, each repeated for
-    the ``groups`` query heads of a KV head: query ``q`` sees the row's real columns up to its
-    own, and its own column always (a padding query then attends to something: no row of the
-    softmax is empty). Built once for every layer, in the dtype and row alignment SDPA uses, so
-    no layer converts or copies it again."""
+def attention_mask(mask: torch.Tensor, new: int, groups: int) -> torch.Tensor:
+    """``[rows, 1, groups * new, W]`` (bool, True = attend) for the last ``new`` columns of a
+    right-aligned ``mask [rows, W]`` as queries, each key axis repeated for the ``groups``
+    query heads of a KV head: query ``q`` sees the row's real columns up to its own, and its own
+    column always (a padding query then attends to something: no row of the softmax is empty)."""
     rows, width = mask.shape
     columns = torch.arange(width, device=mask.device)
     own = torch.arange(width - new, width, device=mask.device).unsqueeze(1)  # [new, 1]
     sees = (mask.bool().unsqueeze(1) & (columns <= own)) | (columns == own)  # [rows, new, W]
-    padded = -(-width // MASK_ALIGNMENT) * MASK_ALIGNMENT
-    bias = torch.zeros((rows, groups, new, padded), dtype=dtype, device=mask.device)
-    bias[..., :width].masked_fill_(~sees.unsqueeze(1), float("-inf"))
-    return bias.view(rows, 1, groups * new, padded)[..., :width]
+    return sees.unsqueeze(1).expand(rows, groups, new, width).reshape(rows, 1, groups * new, width)
 
 
 @torch.inference_mode()
@@ -71,7 +62,7 @@ def continue_prefill(
     cos, sin = cos.reshape(rows * new, 1, -1), sin.reshape(rows * new, 1, -1)
     kv_heads, width, head_dim = caches[0][0].shape[1], mask.shape[1], caches[0][0].shape[3]
     groups = body.config.num_attention_heads // kv_heads
-    bias = attention_bias(mask, new, groups, embedded.dtype)
+    sees = attention_mask(mask, new, groups)
     layers = zip(body.layers, step.layer_eps, caches, strict=True)
     for layer, eps, (keys, values) in layers:
         w = layer_weights(layer)
@@ -84,7 +75,7 @@ def continue_prefill(
             grouped.reshape(rows, kv_heads, groups * new, head_dim),
             keys,
             values,
-            attn_mask=bias,
+            attn_mask=sees,
             scale=step.scaling,
         )
         attention = attention.view(rows, kv_heads, groups, new, head_dim).permute(0, 3, 1, 2, 4)
