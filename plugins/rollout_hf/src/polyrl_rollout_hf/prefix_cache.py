@@ -9,18 +9,23 @@ nothing (a prompt that finds nothing is prefilled whole), and nothing here is ep
 restarted worker only prefills again.
 
 What is kept: each prefill's own cache tensors (``[P, KV, W, D]`` per layer, each prompt's tokens
-right-aligned, as :meth:`HFRolloutEngine._prefill` builds them: no copy is made) and, on the
+right-aligned, as :meth:`HFRolloutEngine._prefill` builds them: no copy is made) or, on the
 continuous-batching path, each row's prompt and response KV copied out of its decode slot when the
-row ends (:class:`~polyrl_rollout_hf.continuous.ContinuousBatch` with ``retain``), so that the next
-turn prefills only the observation; each under a key of the prompt's length and a hash of its
-tokens, a hit being checked token by token. Only the latest call's entries are kept (the next
-turn's prompts extend them; older ones are dead), so the memory held between calls is one call's
-KV; a weight update drops everything (the KV was computed with the old weights).
+row ends (:class:`~polyrl_rollout_hf.continuous.ContinuousBatch` with ``retain``; the prompts'
+prefills are then not kept, since these extend them), so that the next turn prefills only the
+observation; each under a key of the prompt's length and a hash of its tokens, a hit being
+checked token by token. Only the latest call's entries are kept (the next turn's prompts extend
+them; older ones are dead), so the memory held between calls is one call's KV; a weight update
+drops everything (the KV was computed with the old weights), and so does
+:meth:`PrefixCache.clear` through the engine's ``reset_prefix_cache`` once a multi-turn rollout's
+episodes have had their last turn.
 
 A continued prefill computes what a fresh one computes: the same forward over the same tokens at
 the same positions, with the earlier tokens' keys and values read instead of recomputed (equal up
 to the rounding of another batch shape; a response token's KV from the decode step is the one the
-fresh path's own decode used for it).
+fresh path's own decode used for it). A batch's rows prefill as many tokens as the row with most
+new ones; a row with fewer computes some of its kept tokens again, from the same kept KV before
+them.
 """
 
 from __future__ import annotations
