@@ -97,12 +97,12 @@ def _engine_logits(engine, prompts: list[torch.Tensor]) -> list[torch.Tensor] | 
             zero = torch.zeros((), device=engine.device)
             return zero, torch.ones((), dtype=torch.int, device=engine.device), whole.float().cpu()
 
-        return (output if engine.stage.is_last else output.float()), keep
+        return (output if engine.is_last_stage else output.float()), keep
 
     engine.model.eval()
     with torch.no_grad():
         records = run_schedule(
-            engine.model, [Batch({"input_ids": ids}) for ids in prompts], step, forward_only=True
+            [engine.model], [Batch({"input_ids": ids}) for ids in prompts], step, forward_only=True
         )
     return records if engine.data_parallel_rank().returns_output else None
 

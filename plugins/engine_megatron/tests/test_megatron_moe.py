@@ -171,3 +171,230 @@ def test_polyrl_export_reads_a_moe_checkpoint(tmp_path, family: str) -> None:
     assert state.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(state[name], tensor), name
+
+
+class _HostStream:
+    """Stands for a CUDA stream on the CPU: megatron-core's all-to-all dispatcher copies its
+    token counts to the host on a side stream and waits for them; on the CPU they are there."""
+
+    def wait_stream(self, _stream) -> None:
+        pass
+
+    def record_event(self):
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _cpu_moe() -> None:
+    """In a rank process: megatron-core's MoE layers on the CPU (see the module docstring)."""
+    from contextlib import nullcontext
+
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        """What its device-to-host copy gives on a GPU: split sizes as numpy arrays."""
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+    stream = _HostStream()
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.Stream = lambda *_, **__: stream
+    torch.cuda.current_stream = lambda *_: stream
+    torch.cuda.stream = lambda _stream: nullcontext()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _rank_tokens(rank: int) -> torch.Tensor:
+    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(10 + rank))
+
+
+def _expert_parallel_scenario(rank: int, world: int, path: str, family: str) -> dict:
+    """EP=2 over 2 data-parallel ranks, each its own tokens, the engine's dispatcher
+    (all-to-all), build, loading, gradient averaging, grad norm and expert streaming."""
+    from megatron.core import parallel_state
+    from test_megatron_stages import _log_probs
+    from transformers import AutoConfig
+
+    from polyrl_engine_megatron.attention import attention_mask, padded_layout
+    from polyrl_engine_megatron.convert import pipeline_stages
+    from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
+    from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
+    from polyrl_engine_megatron.moe import gathered_experts, is_expert
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    _cpu_moe()
+    parallel_state.initialize_model_parallel(
+        1, 1, expert_model_parallel_size=world, expert_tensor_parallel_size=1
+    )
+    hf_config = AutoConfig.from_pretrained(path)
+    shape = GPTShape.from_hf_config(hf_config, 1)
+    stage = pipeline_stages(shape.num_layers, 1)[0]
+    model = build_gpt_model(
+        shape,
+        hf_config,
+        stage,
+        pipeline_parallel=1,
+        recompute=Recompute(),
+        device=torch.device("cpu"),
+        expert_parallel=world,
+    )
+    load_hf_weights(model, path, shape, stage, 0, False, expert_rank=rank, expert_parallel=world)
+    ids = _rank_tokens(rank)
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    logits = model(
+        ids,
+        positions,
+        attention_mask(torch.ones_like(ids)),
+        packed_seq_params=padded_layout(positions, shape.head_dim, shape.rope_theta),
+    )
+    log_probs = _log_probs(logits, ids)
+    (-log_probs.mean()).backward()
+    names = [name for name, _ in model.named_parameters()]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    groups = GradientGroups(
+        data_parallel=parallel_state.get_data_parallel_group(),
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        expert_data_parallel=parallel_state.get_expert_data_parallel_group(),
+        expert_data_parallel_size=parallel_state.get_expert_data_parallel_world_size(),
+        expert_parallel=parallel_state.get_expert_model_parallel_group(),
+    )
+    average_gradients(names, grads, groups)
+    norm = global_norm(names, grads, groups, torch.device("cpu"))
+    per_rank = shape.moe.num_experts // world
+    group = parallel_state.get_expert_model_parallel_group()
+    weights, mean_grads = {}, {}
+    for (name, param), grad in zip(model.named_parameters(), grads):
+        pairs = [(name, param.detach(), grad)]
+        if is_expert(name):
+            both = zip(
+                gathered_experts(name, param.detach(), group, world, per_rank),
+                gathered_experts(name, grad, group, world, per_rank),
+            )
+            pairs = [(n, p, g) for (n, p), (_, g) in both]
+        for megatron_name, weight, gradient in pairs:
+            weights.update(megatron_to_hf(megatron_name, [weight], shape))
+            mean_grads.update(megatron_to_hf(megatron_name, [gradient], shape))
+    parallel_state.destroy_model_parallel()
+    n = shape.moe.num_experts
+    return {
+        "log_probs": log_probs.detach(),
+        "norm": norm,
+        "weights": dict(stack_experts(iter(weights.items()), n)),
+        "grads": dict(stack_experts(iter(mean_grads.items()), n)),
+    }
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe"])
+def test_expert_parallel_ranks_equal_the_hf_model(tmp_path, family: str) -> None:
+    """Each rank's log-probs are the HF model's on its tokens; after the engine's averaging,
+    every gradient (dense, and each rank's experts) is the HF gradient of the mean of both
+    ranks' losses, the grad norm is that gradient's, and streaming gives every rank every
+    expert's weights."""
+    from polyrl_engine_kit.launch import run_on_ranks
+
+    pytest.importorskip("megatron.core")
+    from test_megatron_stages import _log_probs
+
+    hf_model = _model(family)
+    hf_model.save_pretrained(tmp_path / "hf")
+    results = run_on_ranks(
+        _expert_parallel_scenario, 2, str(tmp_path / "hf"), family, timeout_s=150
+    )
+    losses = []
+    for rank, result in enumerate(results):
+        ids = _rank_tokens(rank)
+        log_probs = _log_probs(hf_model(ids).logits, ids)
+        torch.testing.assert_close(result["log_probs"], log_probs.detach(), rtol=1e-5, atol=1e-5)
+        losses.append(-log_probs.mean())
+    (sum(losses) / 2).backward()
+    expected = {name: p.grad for name, p in hf_model.named_parameters()}
+    norm = torch.sqrt(sum(g.float().pow(2).sum() for g in expected.values()))
+    state = hf_model.state_dict()
+    for result in results:
+        assert result["grads"].keys() == expected.keys()
+        for name, grad in expected.items():
+            torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert result["norm"] == pytest.approx(float(norm), rel=1e-5)
+        assert all(torch.equal(result["weights"][name], state[name]) for name in state)
+
+
+def test_polyrl_export_joins_the_expert_parallel_shards(tmp_path) -> None:
+    """A checkpoint of 2 expert-parallel ranks (a shard each, its own experts renumbered from
+    0, as the engine writes them) reads back as the HF model's weights."""
+    import os
+
+    from omegaconf import OmegaConf
+    from test_megatron_export import _config
+
+    from polyrl_engine_kit.checkpoint import loop_state
+    from polyrl_engine_megatron.checkpoint import EXPERT, EXTRA_STATE, read_checkpoint, shard_name
+    from polyrl_engine_megatron.convert import pipeline_stages, stage_shards
+    from polyrl_engine_megatron.moe import local_experts
+
+    model = _model("qwen3_moe")
+    model.save_pretrained(tmp_path / "hf")
+    hf = model.state_dict()
+    shape = GPTShape.from_hf_config(model.config, 1)
+    stage = pipeline_stages(shape.num_layers, 1)[0]
+    whole = stage_shards(hf_to_megatron(hf, shape), shape, stage)
+    folder = tmp_path / "actor"
+    folder.mkdir()
+    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, EXPERT: 2}
+    for rank in range(2):
+        local = local_experts(whole, shape.moe.num_experts, rank, 2)
+        state = {"model": {name: parts[0] for name, parts in local.items()}, "optimizer": None}
+        torch.save(state, folder / shard_name(0, 0, 1, rank, 2))
+        extra = {**loop_state(0, None, torch.device("cpu")), "layout": layout}
+        torch.save(extra, os.path.join(folder, EXTRA_STATE.format(rank=rank)))
+    model_path = str(tmp_path / "hf")
+    cfg = OmegaConf.create(_config(model_path))
+    read = read_checkpoint(str(folder), cfg, model_path).state_dict()
+    assert read.keys() == hf.keys()
+    assert all(torch.equal(read[name], hf[name]) for name in hf)
+
+
+def test_expert_sizes_are_checked_in_one_line() -> None:
+    from omegaconf import OmegaConf
+
+    from polyrl.api.testing import schema_config
+    from polyrl_engine_megatron.checks import check_config
+
+    node = "actor_rollout_ref.actor.megatron"
+
+    def problems(*overrides: str) -> list[str]:
+        given = ["trainer.n_gpus_per_node=8", *overrides]
+        return check_config(OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(given)))
+
+    # verl's Qwen3-30B-A3B script: EP=8 over 8 ranks, experts whole on each
+    verl = (f"{node}.expert_model_parallel_size=8", f"{node}.expert_tensor_parallel_size=1")
+    assert problems(*verl) == []
+    assert problems(f"{node}.expert_model_parallel_size=3") == [
+        f"{node}.expert_model_parallel_size=3 does not divide the 8 data-parallel ranks of the "
+        f"actor (world size 8 = trainer.nnodes 1 x trainer.n_gpus_per_node 8); expert-parallel "
+        f"ranks are data-parallel replicas of the rest of the model"
+    ]
+    (line,) = problems(f"{node}.expert_tensor_parallel_size=2")
+    assert line.startswith(f"{node}.expert_tensor_parallel_size=2 asks for MoE expert tensor")
+
+
+def test_expert_parallelism_with_tensor_parallelism_is_refused() -> None:
+    from omegaconf import OmegaConf
+
+    from polyrl.api.testing import schema_config
+    from polyrl_engine_megatron.checks import check_config
+
+    node = "actor_rollout_ref.actor.megatron"
+    given = [
+        "trainer.n_gpus_per_node=8",
+        f"{node}.tensor_model_parallel_size=2",
+        f"{node}.expert_model_parallel_size=4",
+    ]
+    (line,) = check_config(OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(given)))
+    assert line.startswith(
+        f"{node}.expert_model_parallel_size=4 with tensor_model_parallel_size=2 asks for MoE "
+        f"expert parallelism with tensor parallelism (verl"
+    )
+    assert "polyrl does not support it: use tensor_model_parallel_size=1" in line

@@ -98,12 +98,6 @@ GLOBAL_MICRO_BATCHES = {
 DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     **{key: PerGpu(target) for key, (target, _, _) in GLOBAL_MICRO_BATCHES.items()},
     # --- Megatron (keys declared by polyrl-engine-megatron) ---
-    "*.megatron.expert_model_parallel_size": Refused(
-        "MoE expert parallelism", "expert_model_parallel_size=1"
-    ),
-    "*.megatron.expert_tensor_parallel_size": Refused(
-        "MoE expert tensor parallelism", "expert_tensor_parallel_size=null (unset)"
-    ),
     "*.megatron.context_parallel_size": Refused(
         "Megatron context parallelism", "context_parallel_size=1 and use_dynamic_bsz for long rows"
     ),

@@ -35,21 +35,25 @@ from polyrl_engine_megatron.convert import (
     stages_of,
     virtual_stages,
 )
-from polyrl_engine_megatron.moe import stack_experts
+from polyrl_engine_megatron.moe import global_expert_name, is_expert, stack_experts
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
 # the layout's decoder layers per pipeline stage, recorded when the stages are uneven
 STAGE_LAYERS = "num_layers_per_stage"
 # model chunks per stage, recorded with interleaved pipeline parallelism (shard keys "<chunk>.")
 VIRTUAL = "virtual_pipeline_model_parallel_size"
+# expert-parallel ranks, recorded with expert parallelism (a shard each, "_ep<e>")
+EXPERT = "expert_model_parallel_size"
 # what megatron-core's modules add to a state_dict() besides weights (None for the local spec)
 _MODULE_STATE_SUFFIX = "._extra_state"
 
 
-def shard_name(tp_rank: int, pp_rank: int, pp_size: int) -> str:
-    """The file of one tensor- and pipeline-parallel rank's weights and optimizer state."""
+def shard_name(tp_rank: int, pp_rank: int, pp_size: int, ep_rank: int = 0, ep_size: int = 1) -> str:
+    """The file of one tensor-, pipeline- and expert-parallel rank's weights and optimizer
+    state."""
     stage = f"_pp{pp_rank:02d}" if pp_size > 1 else ""
-    return f"model_optim_tp{tp_rank:02d}{stage}.pt"
+    experts = f"_ep{ep_rank:02d}" if ep_size > 1 else ""
+    return f"model_optim_tp{tp_rank:02d}{stage}{experts}.pt"
 
 
 def save(
@@ -142,7 +146,8 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
             f"{model_path!r} has {shape.num_layers}: export with the model the run trained"
         )
     for pp_rank in range(pp):
-        shards = [_read_shard(path, shard_name(t, pp_rank, pp)) for t in range(tp)]
+        ep = int(layout.get(EXPERT, 1))
+        shards = [_read_stage_shard(path, t, pp_rank, pp, ep, shape) for t in range(tp)]
         # the rank's chunks: one, or (interleaved) chunk v under "<v>." at [v * pp + pp_rank]
         chunks = (
             [("", stages[pp_rank])]
@@ -170,6 +175,25 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
     _check_names(path, state, model.state_dict())
     model.load_state_dict(state)
     return model
+
+
+def _read_stage_shard(
+    path: str, tp_rank: int, pp_rank: int, pp: int, ep: int, shape: GPTShape
+) -> dict[str, Any]:
+    """One tensor-parallel rank's weights of a stage; with expert parallelism, the dense ones
+    of its first expert-parallel rank and every rank's experts under the model's numbers."""
+    if ep == 1:
+        return _read_shard(path, shard_name(tp_rank, pp_rank, pp))
+    per_rank = shape.moe.num_experts // ep if shape.moe else 0
+    merged: dict[str, Any] = {}
+    for ep_rank in range(ep):
+        shard = _read_shard(path, shard_name(tp_rank, pp_rank, pp, ep_rank, ep))
+        for name, tensor in shard.items():
+            if is_expert(name):
+                merged[global_expert_name(name, ep_rank, per_rank)] = tensor
+            elif ep_rank == 0:
+                merged[name] = tensor
+    return merged
 
 
 def _read_shard(path: str, name: str) -> dict[str, Any]:

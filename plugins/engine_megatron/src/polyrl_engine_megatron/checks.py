@@ -23,6 +23,7 @@ REF_MEGATRON = f"{REF}.megatron"
 OPTIMIZER_OVERRIDES = f"{ACTOR}.optim.override_optimizer_config"
 FLOAT32 = ("float32", "fp32", "torch.float32")
 DTYPES_SUPPORTED = ("bfloat16", "float32")
+NOT_SUPPORTED = "polyrl does not support it"
 
 
 def parallel_problems(megatron: Any, node: str = MEGATRON) -> list[str]:
@@ -30,9 +31,20 @@ def parallel_problems(megatron: Any, node: str = MEGATRON) -> list[str]:
     where ``megatron`` sits in the config, for the message."""
     problems = [
         f"{node}.{key} must be a positive integer, got {getattr(megatron, key)!r}"
-        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+        for key in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "expert_model_parallel_size",
+        )
         if not positive_int(getattr(megatron, key))
     ]
+    expert_tensor = megatron.expert_tensor_parallel_size
+    if expert_tensor not in (None, 1):
+        problems.append(
+            f"{node}.expert_tensor_parallel_size={expert_tensor} asks for MoE expert tensor "
+            f"parallelism (verl); polyrl does not support it: use expert_tensor_parallel_size=1 "
+            f"or null (each expert whole on its expert-parallel rank)"
+        )
     virtual = megatron.virtual_pipeline_model_parallel_size
     if virtual is not None and not positive_int(virtual):
         problems.append(
@@ -113,24 +125,30 @@ def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
     ]
 
 
-def _sizes(megatron: Any) -> tuple[int, int, int | None]:
+Sizes = tuple[int, int, int | None, int]  # tensor, pipeline, virtual (or None), expert
+
+
+def _sizes(megatron: Any) -> Sizes:
     return (
         int(megatron.tensor_model_parallel_size),
         int(megatron.pipeline_model_parallel_size),
         virtual_size(megatron),
+        int(megatron.expert_model_parallel_size),
     )
 
 
-def _shown(sizes: tuple[int, int, int | None]) -> str:
-    tensor, pipeline, virtual = sizes
-    return f"{tensor} x {pipeline}" + ("" if virtual is None else f" ({virtual} chunks per stage)")
+def _shown(sizes: Sizes) -> str:
+    tensor, pipeline, virtual, experts = sizes
+    more = [f"{virtual} chunks per stage"] if virtual is not None else []
+    more += [f"expert parallel {experts}"] if experts > 1 else []
+    return f"{tensor} x {pipeline}" + (f" ({', '.join(more)})" if more else "")
 
 
 def _world_problems(cfg: Any) -> list[str]:
     """Each role's TP x PP divides its pool; a reference split otherwise than the actor runs in
     a pool of its own (megatron-core's parallel state is one per process)."""
     problems = []
-    seen: set[tuple[int, str, tuple[int, int]]] = set()
+    seen: set[tuple[int, str, Sizes]] = set()
     arr = cfg.actor_rollout_ref
     sizes = {"actor": _sizes(arr.actor.megatron), "ref": _sizes(arr.ref.megatron)}
     for role, node in (("actor", MEGATRON), ("ref", REF_MEGATRON)):
@@ -139,14 +157,28 @@ def _world_problems(cfg: Any) -> list[str]:
             continue
         seen.add((*found, sizes[role]))
         workers, where = found
-        tensor_parallel, pipeline_parallel, _ = sizes[role]
-        if workers % (tensor_parallel * pipeline_parallel):
+        tensor_parallel, pipeline_parallel, _, experts = sizes[role]
+        model_copy = tensor_parallel * pipeline_parallel
+        if workers % model_copy:
             split = f"{node}.tensor_model_parallel_size={tensor_parallel}"
             if pipeline_parallel > 1:
                 split += f" x pipeline_model_parallel_size={pipeline_parallel}"
             problems.append(
                 f"{split} does not divide the {workers} workers of the {role} ({where}); the "
                 f"data-parallel size is workers / (tensor x pipeline parallel size)"
+            )
+        elif experts > 1 and tensor_parallel > 1:
+            problems.append(
+                f"{node}.expert_model_parallel_size={experts} with tensor_model_parallel_size="
+                f"{tensor_parallel} asks for MoE expert parallelism with tensor parallelism "
+                f"(verl; megatron-core needs sequence parallelism for it); {NOT_SUPPORTED}: use "
+                f"tensor_model_parallel_size=1 for a MoE model (pipeline and expert parallelism)"
+            )
+        elif (workers // model_copy) % experts:
+            problems.append(
+                f"{node}.expert_model_parallel_size={experts} does not divide the "
+                f"{workers // model_copy} data-parallel ranks of the {role} ({where}); "
+                f"expert-parallel ranks are data-parallel replicas of the rest of the model"
             )
     if sizes["ref"] != sizes["actor"] and pool_of(cfg, "ref") == pool_of(cfg, "actor"):
         problems.append(

@@ -78,8 +78,9 @@ from polyrl_engine_megatron.convert import (
 )
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
+from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
-from polyrl_engine_megatron.moe import stack_experts
+from polyrl_engine_megatron.moe import gathered_experts, is_expert, stack_experts
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
@@ -129,10 +130,10 @@ def _megatron_node(ctx: EngineContext) -> Any:
     return node.megatron
 
 
-def _parallel_sizes(ctx: EngineContext) -> tuple[int, int, int | None]:
-    """``actor_rollout_ref.actor.megatron.{tensor,pipeline,virtual_pipeline}_model_parallel_size``
-    of the role's node (the last None without interleaving), after the same checks as ``polyrl
-    validate``."""
+def _parallel_sizes(ctx: EngineContext) -> tuple[int, int, int | None, int]:
+    """``actor_rollout_ref.actor.megatron.{tensor,pipeline,virtual_pipeline,expert}_model_
+    parallel_size`` of the role's node (virtual None without interleaving), after the same
+    checks as ``polyrl validate``."""
     megatron = _megatron_node(ctx)
     problems = parallel_problems(megatron) + dist_checkpoint_problems(megatron, "megatron")
     dtype = dtype_problem(schema_node(ctx.model, "actor_rollout_ref.model"))
@@ -146,7 +147,7 @@ def _parallel_sizes(ctx: EngineContext) -> tuple[int, int, int | None]:
             f"actor_rollout_ref.actor.megatron tensor x pipeline parallel size {tp} x {pp} does "
             f"not divide the {ctx.world_size} workers of role {ctx.role!r}"
         )
-    return tp, pp, virtual_size(megatron)
+    return tp, pp, virtual_size(megatron), int(megatron.expert_model_parallel_size)
 
 
 def _transformer_overrides(
@@ -204,9 +205,9 @@ class MegatronEngine(TrainingEngine):
         self.settings = resolve_settings(
             ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
         )
-        self.tp, self.pp, self.vpp = _parallel_sizes(ctx)
+        self.tp, self.pp, self.vpp, self.ep = _parallel_sizes(ctx)
         self.device = _join_process_group(ctx)
-        init_model_parallel(self.tp, self.pp, ctx.seed, self.vpp)
+        init_model_parallel(self.tp, self.pp, ctx.seed, self.vpp, self.ep)
         seed_everything(ctx.seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -214,9 +215,35 @@ class MegatronEngine(TrainingEngine):
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.ep_rank = parallel_state.get_expert_model_parallel_rank()
+        self.ep_group = parallel_state.get_expert_model_parallel_group() if self.ep > 1 else None
+        self.expert_dp_rank = parallel_state.get_expert_data_parallel_rank() if self.ep > 1 else 0
+        self.grad_groups = GradientGroups(
+            data_parallel=self.dp_group,
+            data_parallel_size=self.dp_size,
+            expert_data_parallel=(
+                parallel_state.get_expert_data_parallel_group() if self.ep > 1 else self.dp_group
+            ),
+            expert_data_parallel_size=(
+                parallel_state.get_expert_data_parallel_world_size()
+                if self.ep > 1
+                else self.dp_size
+            ),
+            expert_parallel=self.ep_group,
+            tensor_parallel=self.tp_group if self.tp > 1 else None,
+            pipeline_parallel=self.pp_group if self.pp > 1 else None,
+        )
 
         self.hf_config = load_hf_config(ctx.model_path, self.settings)
         self.shape = GPTShape.from_hf_config(self.hf_config, self.tp)
+        experts = self.shape.moe.num_experts if self.shape.moe else 0
+        if self.ep > 1 and (not experts or experts % self.ep):
+            raise ConfigError(
+                f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={self.ep} spreads "
+                f"a mixture-of-experts model's experts evenly over ranks; this "
+                f"{self.hf_config.model_type} model has {experts or 'no'} experts: use a divisor "
+                f"of the expert count, or 1"
+            )
         if self.shape.moe and self.tp > 1:
             raise ConfigError(
                 f"a {self.hf_config.model_type} model (mixture of experts) runs with "
@@ -243,6 +270,7 @@ class MegatronEngine(TrainingEngine):
                 device=self.device,
                 virtual=self.vpp,
                 chunk=number if self.vpp else None,
+                expert_parallel=self.ep,
             )
             self._load_weights(ctx, chunk)
         self.is_last_stage = self.chunks[-1].stage.is_last
@@ -314,6 +342,8 @@ class MegatronEngine(TrainingEngine):
             chunk.stage,
             self.tp_rank,
             self.settings.trust_remote_code,
+            expert_rank=self.ep_rank,
+            expert_parallel=self.ep,
         )
 
     def data_parallel_rank(self) -> DataParallelRank:
@@ -324,16 +354,25 @@ class MegatronEngine(TrainingEngine):
     # ---- forward ------------------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, training: bool) -> list[list[int]]:
         """Row groups, the same on every TP and PP peer (they hold the same rows). Data-parallel
-        ranks may run different numbers: gradients are reduced once, after the last one."""
+        ranks may run different numbers (gradients are reduced once, after the last one),
+        except those of an expert-parallel group, whose MoE layers exchange tokens in every
+        forward and backward: they all run as many as the one that plans most."""
         groups = plan_micro_batches(batch, self.settings, training)
-        if self.vpp is None:
-            return groups
-        groups = at_least(groups, self.pp)  # the interleaved schedule needs one per stage
-        if len(groups) < self.pp:
+        wanted, why = 1, ""
+        if self.vpp is not None:  # the interleaved schedule needs one per stage
+            wanted = self.pp
+            why = f"interleaved pipeline parallelism runs at least {self.pp}, one per stage"
+        if self.ep > 1:
+            count = torch.tensor(max(len(groups), wanted), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.ep_group)
+            if int(count) > wanted:
+                wanted = int(count)
+                why = f"its expert-parallel peers run {wanted} (their MoE layers exchange tokens)"
+        groups = at_least(groups, wanted)
+        if len(groups) < wanted:
             raise EngineUsageError(
-                f"interleaved pipeline parallelism (virtual_pipeline_model_parallel_size="
-                f"{self.vpp}) runs at least {self.pp} micro-batches, one per stage; this "
-                f"data-parallel rank got {len(batch)} rows: give it at least {self.pp}"
+                f"this data-parallel rank got {len(batch)} rows for {wanted} micro-batches: "
+                f"{why}; give every data-parallel rank at least {wanted} rows"
             )
         return groups
 
@@ -475,11 +514,10 @@ class MegatronEngine(TrainingEngine):
         return report_step(result, self.metric_prefix, grad_norm, lr, math.isfinite(grad_norm))
 
     def _optimizer_step(self) -> tuple[float, float]:
-        """Average gradients over the data-parallel group, sum a tied embedding's two copies'
-        gradients, clip by the global norm (TP shards summed over the TP group, replicated
-        weights and the tied copy counted once, stages summed over the PP group), step unless
-        the norm is not finite, advance the schedule; return the pre-clip norm and the lr this
-        step used."""
+        """Average gradients over the data-parallel replicas (:mod:`.gradients`: experts over
+        their expert-data-parallel copies), sum a tied embedding's two copies' gradients, clip
+        by the global norm (the tied copy counted once), step unless the norm is not finite,
+        advance the schedule; return the pre-clip norm and the lr this step used."""
         assert self.optimizer is not None and self.scheduler is not None
         named = [
             (chunk.stage, n, p)
@@ -489,12 +527,7 @@ class MegatronEngine(TrainingEngine):
         ]
         params = [p for _, _, p in named]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        if self.dp_size > 1:
-            handles = [dist.all_reduce(g, group=self.dp_group, async_op=True) for g in grads]
-            for handle in handles:
-                handle.wait()
-            for grad in grads:
-                grad.div_(self.dp_size)
+        average_gradients([n for _, n, _ in named], grads, self.grad_groups)
         ends = [c for c in self.chunks if c.stage.is_first or c.stage.is_last]
         if self.shape.tied and self.pp > 1 and ends:
             from megatron.core import parallel_state
@@ -502,22 +535,17 @@ class MegatronEngine(TrainingEngine):
             shared = ends[0].module.shared_embedding_or_output_weight()
             tied = next(g for p, g in zip(params, grads) if p is shared)
             dist.all_reduce(tied, group=parallel_state.get_embedding_group())
-        sharded = torch.zeros((), device=self.device)
-        replicated = torch.zeros((), device=self.device)
-        for (stage, name, _), grad in zip(named, grads):
-            if is_tied_copy(name, self.shape, stage):
-                continue
-            square = grad.float().pow(2).sum()
-            if split_dim(name) is not None:
-                sharded += square
-            else:
-                replicated += square
-        if self.tp > 1:
-            dist.all_reduce(sharded, group=self.tp_group)
-        total = sharded + replicated
-        if self.pp > 1:
-            dist.all_reduce(total, group=self.pp_group)
-        grad_norm = float(total.sqrt())
+        counted = [
+            (name, grad)
+            for (stage, name, _), grad in zip(named, grads)
+            if not is_tied_copy(name, self.shape, stage)
+        ]
+        grad_norm = global_norm(
+            [name for name, _ in counted],
+            [grad for _, grad in counted],
+            self.grad_groups,
+            self.device,
+        )
         clip = self.settings.optim.clip_grad
         lr = float(self.optimizer.param_groups[0]["lr"])
         skipped = not math.isfinite(grad_norm)
@@ -556,11 +584,24 @@ class MegatronEngine(TrainingEngine):
             return not is_tied_copy(name, self.shape, stage)
 
         for stage, name, shard in self.stage_weights.stream(untied):
+            if self.ep > 1 and is_expert(name):  # each expert-parallel rank's own experts
+                yield from self._expert_weights(stage, name, shard)
+                continue
             shards = [shard]
             if self.tp > 1 and split_dim(name) is not None:
                 shards = [torch.empty_like(shard) for _ in range(self.tp)]
                 dist.all_gather(shards, shard, group=self.tp_group)
             yield from megatron_to_hf(stage.global_name(name), shards, self.shape)
+
+    def _expert_weights(
+        self, stage: PipelineStage, name: str, shard: torch.Tensor
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Local expert weight ``name`` of every expert-parallel rank (gathered over the group,
+        collective), under the whole model's expert numbers."""
+        assert self.shape.moe is not None
+        per_rank = self.shape.moe.num_experts // self.ep
+        for expert, tensor in gathered_experts(name, shard, self.ep_group, self.ep, per_rank):
+            yield from megatron_to_hf(stage.global_name(expert), [tensor], self.shape)
 
     def save_checkpoint(self, path: str) -> None:
         extra = {
@@ -574,7 +615,8 @@ class MegatronEngine(TrainingEngine):
                 self.optimizer,
                 extra,
                 shard=self._shard(),
-                writes_shard=self.mesh.dp_rank == 0,
+                # the first copy of this rank's experts writes them (with the dense weights)
+                writes_shard=(self.expert_dp_rank if self.ep > 1 else self.mesh.dp_rank) == 0,
             )
 
     def load_checkpoint(self, path: str) -> None:
@@ -601,12 +643,14 @@ class MegatronEngine(TrainingEngine):
         }
         if self.vpp is not None:  # each shard holds the rank's chunks, keys "<chunk>.<name>"
             layout[mckpt.VIRTUAL] = self.vpp
+        if self.ep > 1:  # a shard per expert-parallel rank, each with its own experts
+            layout[mckpt.EXPERT] = self.ep
         if not self.split.even:  # uneven stages: what the reader needs to place the layers
             layout[mckpt.STAGE_LAYERS] = [s.num_layers for s in self.stage_weights.stages]
         return layout
 
     def _shard(self) -> str:
-        return mckpt.shard_name(self.tp_rank, self.pp_rank, self.pp)
+        return mckpt.shard_name(self.tp_rank, self.pp_rank, self.pp, self.ep_rank, self.ep)
 
     def export_hf(self, path: str) -> None:
         rank0 = dist.get_rank() == 0

@@ -37,15 +37,21 @@ from polyrl.api import ConfigError
 from polyrl_engine_kit.compiling import recomputed_in_backward
 from polyrl_engine_megatron.attention import sdpa_core_attention
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
+from polyrl_engine_megatron.moe import local_experts
 from polyrl_engine_megatron.transformer_overrides import Recompute
 
 
 def init_model_parallel(
-    tensor_parallel: int, pipeline_parallel: int, seed: int, virtual: int | None = None
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    seed: int,
+    virtual: int | None = None,
+    expert_parallel: int = 1,
 ) -> None:
     """megatron-core's process groups on the default group (once per process: the actor and
     the reference of one worker share them) and its tensor-parallel RNG tracker; ``virtual``:
-    model chunks per stage (interleaved pipeline parallelism)."""
+    model chunks per stage (interleaved pipeline parallelism); ``expert_parallel``: ranks a MoE
+    layer's experts are spread over (expert tensor parallelism 1)."""
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as mcore_tp
 
@@ -54,18 +60,21 @@ def init_model_parallel(
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
             parallel_state.get_virtual_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if sizes != (tensor_parallel, pipeline_parallel, virtual):
+        if sizes != (tensor_parallel, pipeline_parallel, virtual, expert_parallel):
             raise ConfigError(
                 f"megatron-core is already split TP x PP = {sizes[0]} x {sizes[1]} (virtual "
-                f"{sizes[2]}) in this process; every megatron role of a pool must use the same "
-                f"actor_rollout_ref.actor.megatron sizes"
+                f"{sizes[2]}, expert {sizes[3]}) in this process; every megatron role of a "
+                f"pool must use the same actor_rollout_ref.actor.megatron sizes"
             )
         return
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         virtual_pipeline_model_parallel_size=virtual,
+        expert_model_parallel_size=expert_parallel,
+        expert_tensor_parallel_size=1 if expert_parallel > 1 else None,
     )
     mcore_tp.model_parallel_cuda_manual_seed(seed)
 
@@ -77,6 +86,7 @@ def transformer_config_kwargs(
     pipeline_parallel: int,
     overrides: dict[str, Any] | None = None,
     virtual: int | None = None,
+    expert_parallel: int = 1,
 ) -> dict[str, Any]:
     """``TransformerConfig`` arguments that reproduce the HF model's computation, with the
     keys of ``megatron.override_transformer_config`` that pass to megatron-core over them
@@ -99,6 +109,11 @@ def transformer_config_kwargs(
         "tensor_model_parallel_size": shape.tensor_parallel,
         "pipeline_model_parallel_size": pipeline_parallel,
         "virtual_pipeline_model_parallel_size": virtual,
+        **(
+            {"expert_model_parallel_size": expert_parallel, "expert_tensor_parallel_size": 1}
+            if expert_parallel > 1
+            else {}
+        ),
         "pipeline_dtype": torch.float32,
         "variable_seq_lengths": True,
         # megatron-core refuses variable_seq_lengths with its default (allgather) MoE
@@ -127,6 +142,7 @@ def transformer_config(
     pipeline_parallel: int,
     overrides: dict[str, Any] | None = None,
     virtual: int | None = None,
+    expert_parallel: int = 1,
 ) -> Any:
     """megatron-core's ``TransformerConfig`` of :func:`transformer_config_kwargs`; a key of
     ``overrides`` it does not have is one :class:`ConfigError` line."""
@@ -134,7 +150,12 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     kwargs = transformer_config_kwargs(
-        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides, virtual=virtual
+        shape,
+        hf_config,
+        pipeline_parallel=pipeline_parallel,
+        overrides=overrides,
+        virtual=virtual,
+        expert_parallel=expert_parallel,
     )
     try:
         return TransformerConfig(**kwargs)
@@ -156,6 +177,7 @@ def build_gpt_model(
     device: torch.device | None = None,
     virtual: int | None = None,
     chunk: int | None = None,
+    expert_parallel: int = 1,
 ) -> Any:
     """This stage's GPTModel (float32 parameters, uninitialised) on ``device`` (the current
     CUDA device by default; the CPU for tests), the layers or submodules that ``recompute``
@@ -170,7 +192,12 @@ def build_gpt_model(
     if device.type == "cpu":  # megatron-core allocates on the current CUDA device otherwise
         overrides = {**(overrides or {}), "use_cpu_initialization": True}
     config = transformer_config(
-        shape, hf_config, pipeline_parallel=pipeline_parallel, overrides=overrides, virtual=virtual
+        shape,
+        hf_config,
+        pipeline_parallel=pipeline_parallel,
+        overrides=overrides,
+        virtual=virtual,
+        expert_parallel=expert_parallel,
     )
     spec = get_gpt_layer_local_spec(
         num_experts=shape.moe.num_experts if shape.moe else None,
@@ -223,9 +250,11 @@ def load_hf_weights(
     stage: PipelineStage,
     tp_rank: int,
     trust_remote_code: bool,
+    expert_rank: int = 0,
+    expert_parallel: int = 1,
 ) -> None:
     """Read the HF checkpoint (float32, on the CPU) and copy this rank's shards of its
-    pipeline stage into ``model``."""
+    pipeline stage into ``model`` (of a MoE model, the experts of its expert-parallel rank)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(
@@ -233,6 +262,8 @@ def load_hf_weights(
     ).state_dict()
     shards = stage_shards(hf_to_megatron(hf, shape), shape, stage)
     del hf
+    if shape.moe and expert_parallel > 1:
+        shards = local_experts(shards, shape.moe.num_experts, expert_rank, expert_parallel)
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(shards))
     unexpected = sorted(set(shards) - set(params))

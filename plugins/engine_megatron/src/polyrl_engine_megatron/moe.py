@@ -182,3 +182,50 @@ def stack_experts(
     if pending:
         missing = {name: num_experts - len(parts) for name, parts in pending.items()}
         raise RuntimeError(f"experts missing from the weight stream: {missing}")
+
+
+_LOCAL_EXPERT = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
+
+
+def is_expert(name: str) -> bool:
+    """Whether megatron-core weight ``name`` belongs to a routed expert (not the shared one)."""
+    return ".mlp.experts." in f".{name}"
+
+
+def local_experts(
+    shards: Mapping[str, list[torch.Tensor]], num_experts: int, rank: int, size: int
+) -> dict[str, list[torch.Tensor]]:
+    """The weights expert-parallel rank ``rank`` of ``size`` holds: the other weights, and its
+    ``num_experts / size`` consecutive experts renumbered from 0 (megatron-core's placement)."""
+    per_rank = num_experts // size
+    out = {}
+    for name, tensors in shards.items():
+        found = _LOCAL_EXPERT.match(name)
+        if found is None:
+            out[name] = tensors
+            continue
+        index = int(found.group(2)) - rank * per_rank
+        if 0 <= index < per_rank:
+            out[f"{found.group(1)}{index}{found.group(3)}"] = tensors
+    return out
+
+
+def global_expert_name(name: str, rank: int, per_rank: int) -> str:
+    """The whole model's name of expert-parallel rank ``rank``'s local expert weight ``name``."""
+    found = _LOCAL_EXPERT.match(name)
+    if found is None:
+        return name
+    return f"{found.group(1)}{rank * per_rank + int(found.group(2))}{found.group(3)}"
+
+
+def gathered_experts(
+    name: str, shard: torch.Tensor, group: Any, size: int, per_rank: int
+) -> list[tuple[str, torch.Tensor]]:
+    """Local expert weight ``name`` of every rank of the expert-parallel ``group`` (of
+    ``size`` ranks, ``per_rank`` experts each), under the whole model's expert numbers
+    (collective)."""
+    import torch.distributed as dist
+
+    copies = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(copies, shard.contiguous(), group=group)
+    return [(global_expert_name(name, rank, per_rank), copy) for rank, copy in enumerate(copies)]
