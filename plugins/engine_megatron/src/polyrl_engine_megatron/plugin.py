@@ -18,7 +18,8 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
         name="megatron",
         description=(
             "megatron-core GPTModel (local spec, no Transformer Engine): tensor, pipeline "
-            "(uneven, interleaved) and data parallelism from actor.megatron.*, vocab-parallel "
+            "(uneven, interleaved), expert (Qwen2/3-MoE) and data parallelism from "
+            "actor.megatron.*, vocab-parallel "
             "log-probs, value heads (critics), CPU offload, dist-checkpoint loading, HF export "
             "(CUDA)"
         ),
