@@ -100,11 +100,18 @@ def _scenario_frozen_and_export(rank: int, world: int, path: str, export_dir: st
     batch = _batch(7).chunk(world)[rank]
     actor = DeepSpeedEngine(_ctx(rank, path, 3, dtype="float32"))
     out = {"actor": actor.compute_log_prob(batch)[0], "weights": _weights(actor)}
+    out["mask"] = batch["response_mask"]
     actor.export_hf(export_dir)
     del actor
     for stage in (2, 3):
         ref = DeepSpeedEngine(_ctx(rank, path, stage, role="ref", dtype="float32"))
         out[f"ref{stage}"] = ref.compute_log_prob(batch)[0]
+        log_prob, _, squares = ref.compute_log_prob_and_sum_pi_squared(batch, temperature=0.7)
+        out[f"ref{stage}_sum_pi_squared"] = (
+            log_prob,
+            squares,
+            ref.compute_log_prob(batch, temperature=0.7)[0],
+        )
         out[f"ref{stage}_zero"] = int(ref.engine.zero_optimization_stage())
         try:
             ref.train_step(batch, noisy_loss)
@@ -159,6 +166,23 @@ def test_frozen_roles_score_like_the_actor_and_refuse_to_train(frozen) -> None:
             assert "non-trainable engine (role 'ref')" in rank[f"ref{stage}_train"]
         # ZeRO-1/2 only partition what training needs; ZeRO-3 also partitions a frozen model
         assert rank["ref2_zero"] == 0 and rank["ref3_zero"] == 3
+
+
+def test_sum_pi_squared_comes_with_the_same_log_probs(frozen) -> None:
+    """verl's ``sum_pi_squared`` from the kit's scoring (checked against a model's logits in
+    polyrl-engine-fsdp's tests): the same pass's log-probs are compute_log_prob's, and ZeRO-2
+    and ZeRO-3 agree."""
+    results, _ = frozen
+    for rank in results:
+        mask = rank["mask"].bool()
+        for stage in (2, 3):
+            log_prob, squares, plain = rank[f"ref{stage}_sum_pi_squared"]
+            assert torch.equal(log_prob, plain)
+            assert (squares[mask] > 0).all() and (squares[mask] <= 1).all()
+            assert (squares[~mask] == 0).all()
+        torch.testing.assert_close(
+            rank["ref2_sum_pi_squared"][1], rank["ref3_sum_pi_squared"][1], rtol=0, atol=1e-6
+        )
 
 
 def test_zero3_export_loads_with_transformers(frozen) -> None:

@@ -84,6 +84,25 @@ def test_dense_layers_and_uneven_expert_sizes_are_refused() -> None:
         GPTShape.from_hf_config(Qwen3MoeConfig(**COMMON, head_dim=8), 32)
 
 
+def _backward(model: torch.nn.Module, ids: torch.Tensor, shape: GPTShape) -> torch.Tensor:
+    """The log-probs of ``ids`` through ``model`` (padded rows, the engine's attention), with
+    the backward of their negative mean run."""
+    from test_megatron_stages import _log_probs
+
+    from polyrl_engine_megatron.attention import attention_mask, padded_layout
+
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    logits = model(
+        ids,
+        positions,
+        attention_mask(torch.ones_like(ids)),
+        packed_seq_params=padded_layout(positions, shape.head_dim, shape.rope_theta),
+    )
+    log_probs = _log_probs(logits, ids)
+    (-log_probs.mean()).backward()
+    return log_probs
+
+
 @pytest.fixture
 def cpu_router(monkeypatch):
     """megatron-core's router moves its weight to ``torch.cuda.current_device()``: the CPU.
@@ -104,7 +123,6 @@ def test_megatron_moe_layers_equal_the_hf_model(
 ) -> None:
     from test_megatron_stages import _log_probs, _tokens
 
-    from polyrl_engine_megatron.attention import attention_mask, padded_layout
     from polyrl_engine_megatron.convert import pipeline_stages, stage_shards
     from polyrl_engine_megatron.model import build_gpt_model
     from polyrl_engine_megatron.transformer_overrides import Recompute
@@ -126,15 +144,7 @@ def test_megatron_moe_layers_equal_the_hf_model(
         for name, param in model.named_parameters():
             param.copy_(shards[name][0])
     ids = _tokens()
-    positions = torch.arange(ids.shape[1]).expand_as(ids)
-    logits = model(
-        ids,
-        positions,
-        attention_mask(torch.ones_like(ids)),
-        packed_seq_params=padded_layout(positions, shape.head_dim, shape.rope_theta),
-    )
-    log_probs = _log_probs(logits, ids)
-    (-log_probs.mean()).backward()
+    log_probs = _backward(model, ids, shape)
 
     expected = _log_probs(hf_model(ids).logits, ids)
     (-expected.mean()).backward()
@@ -215,10 +225,8 @@ def _expert_parallel_scenario(rank: int, world: int, path: str, family: str) -> 
     """EP=2 over 2 data-parallel ranks, each its own tokens, the engine's dispatcher
     (all-to-all), build, loading, gradient averaging, grad norm and expert streaming."""
     from megatron.core import parallel_state
-    from test_megatron_stages import _log_probs
     from transformers import AutoConfig
 
-    from polyrl_engine_megatron.attention import attention_mask, padded_layout
     from polyrl_engine_megatron.convert import pipeline_stages
     from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
     from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
@@ -243,15 +251,7 @@ def _expert_parallel_scenario(rank: int, world: int, path: str, family: str) -> 
     )
     load_hf_weights(model, path, shape, stage, 0, False, expert_rank=rank, expert_parallel=world)
     ids = _rank_tokens(rank)
-    positions = torch.arange(ids.shape[1]).expand_as(ids)
-    logits = model(
-        ids,
-        positions,
-        attention_mask(torch.ones_like(ids)),
-        packed_seq_params=padded_layout(positions, shape.head_dim, shape.rope_theta),
-    )
-    log_probs = _log_probs(logits, ids)
-    (-log_probs.mean()).backward()
+    log_probs = _backward(model, ids, shape)
     names = [name for name, _ in model.named_parameters()]
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     groups = GradientGroups(

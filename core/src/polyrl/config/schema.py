@@ -177,6 +177,11 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    # verl's: the old log-prob pass also computes sum_pi_squared (each response token's
+    # sum over the vocabulary of squared probabilities, at the rollout temperature), which the
+    # optimal-token-baseline estimators read; the engine's config check refuses it if it
+    # cannot compute it
+    calculate_sum_pi_squared: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     # FSDP engine, CUDA: each decoder layer's forward (and its backward) through torch.compile,

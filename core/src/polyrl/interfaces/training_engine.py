@@ -130,6 +130,20 @@ class TrainingEngine(ABC):
         and the per-token entropy when asked. Logits are divided by ``temperature`` first, as in
         sampling."""
 
+    def compute_log_prob_and_sum_pi_squared(
+        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`compute_log_prob` plus ``sum_pi_squared`` ``[B, R]``: for each response token
+        the sum over the vocabulary of the squared probabilities of the same tempered
+        distribution (verl's ``actor.calculate_sum_pi_squared``), from the same forward pass.
+        An engine that computes it overrides this, and its config check accepts
+        ``actor_rollout_ref.actor.calculate_sum_pi_squared=true``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} (role {self.ctx.role!r}) does not compute sum_pi_squared; "
+            f"set actor_rollout_ref.actor.calculate_sum_pi_squared=false or use "
+            f"actor_rollout_ref.actor.strategy=fsdp2"
+        )
+
     @abstractmethod
     def train_step(
         self, mini_batch: Batch, loss_fn: MicroBatchLossFn, *, temperature: float = 1.0

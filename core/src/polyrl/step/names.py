@@ -69,6 +69,11 @@ REF_LOG_PROB = "ref_log_prob"
 """Log-probs of the responses under the reference model ``[rows, R]``."""
 ENTROPYS = "entropys"
 """Per-token entropy of the policy ``[rows, R]``, when ``old_log_prob`` reports it."""
+SUM_PI_SQUARED = "sum_pi_squared"
+"""Per-token ``sum_v p_v^2`` of the policy's tempered distribution over the vocabulary
+``[rows, R]`` (verl's name), from ``old_log_prob`` when
+``actor_rollout_ref.actor.calculate_sum_pi_squared`` is true; the optimal-token baselines read
+it."""
 VALUES = "values"
 """The critic's value estimates ``[rows, R]``."""
 REWARD_BASELINES = "reward_baselines"

@@ -42,7 +42,8 @@ def policy_gradient_pipeline(cfg: Any) -> StepPipeline:
         stages = [GenerateStage(cfg), RewardStage(cfg)]
     if cfg.reward_model.enable:
         stages.append(RewardModelStage(cfg))
-    stages.append(OldLogProbStage(needed_before_update=kl_in_reward))
+    squares = bool(cfg.actor_rollout_ref.actor.calculate_sum_pi_squared)
+    stages.append(OldLogProbStage(needed_before_update=kl_in_reward, sum_pi_squared=squares))
     if kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss:
         stages.append(RefLogProbStage())
     if kl_in_reward:

@@ -181,7 +181,9 @@ class OldLogProbStage(Stage):
     stages before every run (:meth:`link`), so an edited pipeline cannot leave it stale.
     Declaring the key as provided only sometimes would instead make every reader handle its
     absence; computing it for the readers that need it keeps the contract unconditional.
-    ``needed_before_update`` forces the forward pass whatever reads it.
+    ``needed_before_update`` forces the forward pass whatever reads it. With ``sum_pi_squared``
+    (``actor.calculate_sum_pi_squared``) the stage also provides ``sum_pi_squared`` from the
+    same pass, which then always runs.
 
     On a step where the forward pass runs and the batch has the rollout's own log-probs, the
     probability-gap metrics (:mod:`polyrl.algorithms.rollout_gap`) are computed here; on a
@@ -193,8 +195,10 @@ class OldLogProbStage(Stage):
     provides = ("old_log_probs",)
     roles = ("actor",)
 
-    def __init__(self, needed_before_update: bool = False) -> None:
-        self.needed_before_update = needed_before_update
+    def __init__(self, needed_before_update: bool = False, *, sum_pi_squared: bool = False) -> None:
+        self.needed_before_update = needed_before_update or sum_pi_squared
+        self.sum_pi_squared = sum_pi_squared
+        self.provides = ("old_log_probs", *(("sum_pi_squared",) if sum_pi_squared else ()))
         # The later stages that read old_log_probs and do not recompute them, and whether none
         # reads them at all (set by link).
         self.read_by: tuple[str, ...] = ()
@@ -223,6 +227,8 @@ class OldLogProbStage(Stage):
         state.batch["old_log_probs"] = out["log_probs"]
         if "entropys" in out:
             state.batch["entropys"] = out["entropys"]
+        if self.sum_pi_squared:
+            state.batch["sum_pi_squared"] = out["sum_pi_squared"]
         if "rollout_log_probs" in state.batch:
             state.metrics.update(rollout_mismatch_metrics(state.batch))
 

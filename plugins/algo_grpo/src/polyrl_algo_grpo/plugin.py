@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from polyrl.api import AdvantageEstimatorSpec, AlgorithmSpec, PolicyLossSpec, hookimpl
+from polyrl.api import (
+    ESTIMATOR_KEYS,
+    AdvantageEstimatorSpec,
+    AlgorithmSpec,
+    PolicyLossSpec,
+    hookimpl,
+    names,
+)
 from polyrl_algo_grpo.dapo_settings import CONFIG_SECTIONS as DAPO_SECTIONS
 from polyrl_algo_grpo.dapo_settings import KEY_ALIASES as DAPO_ALIASES
 from polyrl_algo_grpo.gdpo_settings import CONFIG_SECTIONS as GDPO_SECTIONS
@@ -20,6 +27,8 @@ GROUPS_OF_ONE = (
 )
 _VARIANTS = "polyrl_algo_grpo.group_variants"
 _OTB = "polyrl_algo_grpo.optimal_token_baseline"
+#: What the optimal token baselines give a group of one sample (verl: no baseline).
+OTB_GROUPS_OF_ONE = "its advantage is its return-to-go (no baseline), as in verl"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync), with DAPO's
 # overlong punishment when enabled, serves the whole family; they differ in the estimator and,
 # for Dr.GRPO, the loss aggregation.
@@ -75,6 +84,21 @@ def polyrl_algorithms() -> Iterator[AlgorithmSpec]:
         config_check="polyrl_algo_grpo.gdpo:check_gdpo_config",
         config_sections=GDPO_SECTIONS,
         owned_keys=("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"),
+    )
+    # verl requires actor.calculate_sum_pi_squared=true beside these estimators; selecting one
+    # turns it on here (a command line's own value still wins).
+    yield AlgorithmSpec(
+        name="optimal_token_baseline",
+        description="verl's optimal token baselines: a baseline per position, weighted by "
+        "each trajectory's path variance",
+        pipeline=_STEP,
+        estimators=("optimal_token_baseline", "tir_optimal_token_baseline"),
+        roles=_ROLES,
+        config_sections=DAPO_SECTIONS,
+        key_aliases=DAPO_ALIASES,
+        owned_keys=_OVERLONG,
+        config_check=_OVERLONG_CHECK,
+        config_defaults={"actor_rollout_ref.actor.calculate_sum_pi_squared": True},
     )
     # Selected by algorithm.name=dapo only: its estimator is GRPO's, which the grpo algorithm owns.
     yield AlgorithmSpec(
@@ -160,12 +184,19 @@ def polyrl_advantage_estimators() -> Iterator[AdvantageEstimatorSpec]:
         requires=("reward_components", "response_mask", "uid"),
         requires_groups=True,
     )
-    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+    otb = (
+        ("optimal_token_baseline", "returns-to-go minus a baseline per position"),
+        ("tir_optimal_token_baseline", "the same over each response's own tokens (multi-turn)"),
+    )
+    for name, what in otb:
         yield AdvantageEstimatorSpec(
             name=name,
-            description="verl's optimal token baseline: refused (needs sum_pi_squared, which "
-            "polyrl's actor does not compute)",
-            fn=f"{_OTB}:optimal_token_baseline_advantage",
+            description=f"verl's optimal token baseline: {what}, weighted by each "
+            f"trajectory's path variance (needs actor.calculate_sum_pi_squared=true)",
+            fn=f"{_OTB}:{name}_advantage",
+            requires=(*ESTIMATOR_KEYS, names.OLD_LOG_PROBS, names.SUM_PI_SQUARED),
+            requires_groups=True,
+            groups_of_one=OTB_GROUPS_OF_ONE,
             config_check=f"{_OTB}:check_otb_config",
         )
 

@@ -50,7 +50,7 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    problems += actor_ref_problems(actor, ref)
+    problems += actor_ref_problems(actor, ref, sum_pi_squared=True)
     problems += fsdp_keys_problems(actor, ACTOR)
     return problems + settings_problems(_known_settings(cfg))
 

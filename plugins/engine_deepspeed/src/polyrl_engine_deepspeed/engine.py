@@ -34,7 +34,7 @@ from polyrl_engine_kit import fast_paths
 from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
 from polyrl_engine_kit.config import resolve_settings
 from polyrl_engine_kit.errors import EngineUsageError
-from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
 from polyrl_engine_kit.runtime import (
@@ -136,8 +136,8 @@ class DeepSpeedEngine(TrainingEngine):
         return equalize_over_ranks(groups, self.device)
 
     def _score(
-        self, micro: Batch, temperature: float, entropy: EntropyMode
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, micro: Batch, temperature: float, entropy: EntropyMode, sum_pi_squared: bool = False
+    ) -> TokenScores:
         return fast_paths.policy_scores(
             self.engine,
             micro,
@@ -146,17 +146,33 @@ class DeepSpeedEngine(TrainingEngine):
             self._logits_to_keep,
             temperature=temperature,
             entropy=entropy,
+            sum_pi_squared=sum_pi_squared,
         )
 
     # ---- TrainingEngine -----------------------------------------------------------------------
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        log_prob, entropy, _ = self._scores(batch, temperature, calculate_entropy, False)
+        return log_prob, entropy
+
+    def compute_log_prob_and_sum_pi_squared(
+        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        log_prob, entropy, squares = self._scores(batch, temperature, calculate_entropy, True)
+        assert squares is not None
+        return log_prob, entropy, squares
+
+    def _scores(
+        self, batch: Batch, temperature: float, calculate_entropy: bool, sum_pi_squared: bool
+    ) -> TokenScores:
+        """The no-grad scores ``[B, R]`` of the whole batch, float32 on the host; entropy and
+        ``sum_pi_squared`` None unless asked for."""
         check_batch(batch, "DeepSpeed")
         groups, dummies = self._micro_batches(batch, training=False)
         rows, width = batch["responses"].shape
-        log_probs = torch.zeros((rows, width), dtype=torch.float32)
-        entropies = torch.zeros((rows, width), dtype=torch.float32) if calculate_entropy else None
+        wanted = (True, calculate_entropy, sum_pi_squared)
+        outputs = [torch.zeros((rows, width), dtype=torch.float32) if w else None for w in wanted]
         mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
         was_training = self.engine.training
         self.engine.eval()
@@ -165,15 +181,15 @@ class DeepSpeedEngine(TrainingEngine):
                 for group in groups:
                     index = torch.tensor(group, dtype=torch.long)
                     micro = batch.select_keys(MODEL_KEYS).select_rows(index)
-                    log_prob, ent = self._score(micro, temperature, mode)
-                    log_probs[index] = log_prob.float().cpu()
-                    if entropies is not None and ent is not None:
-                        entropies[index] = ent.float().cpu()
+                    scores = self._score(micro, temperature, mode, sum_pi_squared)
+                    for output, value in zip(outputs, scores):
+                        if output is not None and value is not None:
+                            output[index] = value.float().cpu()
                 for _ in range(dummies):
                     dummy_logits(self.engine, self.device)
         finally:
             self.engine.train(was_training)
-        return log_probs, entropies
+        return TokenScores(*outputs)  # type: ignore[arg-type]
 
     def train_step(
         self, mini_batch: Batch, loss_fn: MicroBatchLossFn, *, temperature: float = 1.0

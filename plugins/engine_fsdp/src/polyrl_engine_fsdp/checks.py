@@ -66,7 +66,7 @@ def check_config(cfg: Any) -> list[str]:
     arr = cfg.actor_rollout_ref
     actor, ref = arr.actor, arr.ref
     problems = [p for p in [dtype_problem(arr.model)] if p]
-    problems += actor_ref_problems(actor, ref, sequence_parallel=True)
+    problems += actor_ref_problems(actor, ref, sequence_parallel=True, sum_pi_squared=True)
     problems += sequence_parallel_problems(cfg)
     for role, prefix, node in (("actor", ACTOR, actor), ("ref", REF, ref)):
         found = role_world(cfg, role)

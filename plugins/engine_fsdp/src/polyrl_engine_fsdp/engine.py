@@ -57,7 +57,7 @@ from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_lo
 from polyrl_engine_kit.checks import head_problem
 from polyrl_engine_kit.config import engine_node, resolve_settings
 from polyrl_engine_kit.errors import EngineUsageError
-from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
 from polyrl_engine_kit.packed_scoring import packed_values
@@ -173,9 +173,10 @@ class FSDPEngine(TrainingEngine):
 
     # ---- forward ------------------------------------------------------------------------------
     def _forward(
-        self, batch: Batch, temperature: float, entropy: EntropyMode
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropy) ``[b, R]`` of the response tokens; zero on padding."""
+        self, batch: Batch, temperature: float, entropy: EntropyMode, sum_pi_squared: bool = False
+    ) -> TokenScores:
+        """Log-probs (and entropy, and ``sum_pi_squared``) ``[b, R]`` of the response tokens;
+        zero on padding."""
         return fast_paths.policy_scores(
             self.model,
             batch,
@@ -185,6 +186,7 @@ class FSDPEngine(TrainingEngine):
             temperature=temperature,
             entropy=entropy,
             sequence_parallel=self.sequence_parallel,
+            sum_pi_squared=sum_pi_squared,
         )
 
     def _forward_values(self, batch: Batch) -> torch.Tensor:
@@ -250,14 +252,28 @@ class FSDPEngine(TrainingEngine):
     def compute_log_prob(
         self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        log_prob, entropy, _ = self._scores(batch, temperature, calculate_entropy, False)
+        return log_prob, entropy
+
+    def compute_log_prob_and_sum_pi_squared(
+        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        log_prob, entropy, squares = self._scores(batch, temperature, calculate_entropy, True)
+        assert squares is not None
+        return log_prob, entropy, squares
+
+    def _scores(
+        self, batch: Batch, temperature: float, calculate_entropy: bool, sum_pi_squared: bool
+    ) -> TokenScores:
+        """The no-grad scores of the whole batch; entropy and ``sum_pi_squared`` None unless
+        asked for."""
         self._require_head(ModelHead.CAUSAL_LM, "compute_log_prob")
         mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
         outputs = self._no_grad_rows(
-            batch,
-            lambda micro: self._forward(micro, temperature, mode),
-            2 if calculate_entropy else 1,
+            batch, lambda micro: self._forward(micro, temperature, mode, sum_pi_squared), 3
         )
-        return outputs[0], outputs[1] if calculate_entropy else None
+        wanted = (True, calculate_entropy, sum_pi_squared)
+        return TokenScores(*(out if want else None for out, want in zip(outputs, wanted)))
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         self._require_head(ModelHead.VALUE, "compute_values")

@@ -19,6 +19,8 @@ REF = "actor_rollout_ref.ref"
 CRITIC = "critic"
 # verl's key for Ulysses sequence parallelism, declared by polyrl-engine-fsdp on each role
 ULYSSES = "ulysses_sequence_parallel_size"
+# verl's switch for the old log-prob pass's sum_pi_squared, declared by core
+SUM_PI_SQUARED = "calculate_sum_pi_squared"
 
 DTYPES = {
     "bfloat16": "bfloat16",
@@ -175,11 +177,15 @@ def node_problems(model: Any, engine: Any, prefix: str, world_size: int | None) 
     return [*problems, *([size] if size else []), *([switch] if switch else [])]
 
 
-def actor_ref_problems(actor: Any, ref: Any, sequence_parallel: bool = False) -> list[str]:
+def actor_ref_problems(
+    actor: Any, ref: Any, sequence_parallel: bool = False, sum_pi_squared: bool = False
+) -> list[str]:
     """The micro-batch keys of the actor and the reference, and the actor's AdamW, as every
     engine reading verl's ``actor_rollout_ref`` keys checks them. The reference's keys default
     to the actor's: a value it only inherits is reported once. Without ``sequence_parallel``
-    (an engine that does not split sequences) a Ulysses size above 1 is refused."""
+    (an engine that does not split sequences) a Ulysses size above 1 is refused; without
+    ``sum_pi_squared`` (an engine that does not override
+    ``TrainingEngine.compute_log_prob_and_sum_pi_squared``), ``calculate_sum_pi_squared``."""
     log_prob = ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
     problems = batch_problems(actor, ACTOR, ("ppo_max_token_len_per_gpu", *log_prob))
     own = tuple(key for key in log_prob if getattr(ref, key) != getattr(actor, key))
@@ -189,6 +195,12 @@ def actor_ref_problems(actor: Any, ref: Any, sequence_parallel: bool = False) ->
         if unsplit_problem(ref, REF) != unsplit_problem(actor, REF):
             unsplit.append(unsplit_problem(ref, REF))
         problems += [p for p in unsplit if p]
+    if not sum_pi_squared and actor.get(SUM_PI_SQUARED) is True:
+        problems.append(
+            f"{ACTOR}.{SUM_PI_SQUARED}=true: this engine does not compute sum_pi_squared (the "
+            f"FSDP and DeepSpeed engines do); use actor_rollout_ref.actor.strategy=fsdp2, or "
+            f"set it to false with an estimator that does not read it"
+        )
     return problems + optim_problems(actor.optim, ACTOR, core_checked=True)
 
 

@@ -19,7 +19,7 @@ from polyrl.api import Batch, ConfigError, ModelHead
 from polyrl_engine_kit.compiling import compile_decoder_layers
 from polyrl_engine_kit.config import EngineSettings
 from polyrl_engine_kit.liger import apply_liger
-from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.modeling import decoder_layers
 from polyrl_engine_kit.packed_attention import use_packed_attention
 from polyrl_engine_kit.packed_scoring import (
@@ -128,11 +128,13 @@ def policy_scores(
     temperature: float,
     entropy: EntropyMode,
     sequence_parallel: SequenceParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) ``[b, R]`` of the response tokens, zero on padding, by the path
-    ``paths`` chose: one packed row (fused or through the head; split over
-    ``sequence_parallel`` when given), or padded rows (the head's logits only at response
-    positions where the model takes ``logits_to_keep``)."""
+    sum_pi_squared: bool = False,
+) -> TokenScores:
+    """Log-probs (and entropy, and ``sum_pi_squared``: verl's ``sum_v p_v^2`` per token)
+    ``[b, R]`` of the response tokens, zero on padding, by the path ``paths`` chose: one packed
+    row (fused or through the head; split over ``sequence_parallel`` when given), or padded
+    rows (the head's logits only at response positions where the model takes
+    ``logits_to_keep``)."""
     if paths.packed:
         return packed_log_probs(
             model,
@@ -142,6 +144,7 @@ def policy_scores(
             entropy=entropy,
             fused=paths.fused,
             sequence_parallel=sequence_parallel,
+            sum_pi_squared=sum_pi_squared,
         )
     return response_log_probs(
         model,
@@ -150,4 +153,5 @@ def policy_scores(
         temperature=temperature,
         entropy=entropy,
         logits_to_keep=logits_to_keep,
+        sum_pi_squared=sum_pi_squared,
     )

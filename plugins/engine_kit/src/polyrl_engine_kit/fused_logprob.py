@@ -12,6 +12,8 @@ runs, so the gradient reaches the (FSDP-managed) weight as usual.
 For a token with logits ``z`` (divided by the temperature ``T``), ``lse = logsumexp(z)``,
 ``log p = z - lse``, ``entropy = -sum(p * log p)``; the gradient with respect to ``z`` is
 ``g_logp * (onehot - p) - g_ent * p * (log p + entropy)``, divided by ``T`` for the logits.
+Asked for, ``sum_pi_squared = exp(logsumexp(2 z) - 2 lse)`` (``sum_v p_v^2``, verl's formula)
+comes from the same chunk, without grad.
 
 The per-chunk statistics and gradient are compiled on CUDA (:mod:`.compiling`): eagerly each is
 a dozen kernels, each a full float32 pass over ``[chunk, vocab]`` (more time than the output
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from polyrl_engine_kit.compiling import compiled_on_cuda
-from polyrl_engine_kit.logprob import check_temperature
+from polyrl_engine_kit.logprob import TokenScores, check_temperature
 
 # Float32 elements per chunk of the softmax statistics: 2**26 floats = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 26
@@ -39,10 +41,14 @@ def token_chunks(tokens: int, vocab: int) -> list[slice]:
 
 @compiled_on_cuda
 def _statistics(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 ``lse``, ``log p(label)`` and entropy (zeros without ``with_entropy``) of one
-    chunk of logits."""
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    with_squares: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 ``lse``, ``log p(label)``, entropy and ``sum_v p_v^2`` (zeros unless asked for)
+    of one chunk of logits."""
     z = logits.float() / temperature
     lse = torch.logsumexp(z, dim=-1)
     log_prob = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
@@ -51,7 +57,12 @@ def _statistics(
         entropy = -(log_p.exp() * log_p).sum(dim=-1)
     else:
         entropy = torch.zeros_like(lse)
-    return lse, log_prob, entropy
+    squares = (
+        (torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse).exp()
+        if with_squares
+        else torch.zeros_like(lse)
+    )
+    return lse, log_prob, entropy, squares
 
 
 @compiled_on_cuda
@@ -86,30 +97,38 @@ class _LinearLogProb(torch.autograd.Function):
         labels: torch.Tensor,
         temperature: float,
         with_entropy: bool,
+        with_squares: bool,
         compiled: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         statistics = _statistics if compiled else _statistics.__wrapped__
         logits = hidden @ weight.t()
         tokens, vocab = logits.shape
         lse = logits.new_empty(tokens, dtype=torch.float32)
         log_prob = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
+        squares = torch.empty_like(lse) if with_squares else lse.new_empty(0)
         for rows in token_chunks(tokens, vocab):
-            lse[rows], log_prob[rows], ent = statistics(
-                logits[rows], labels[rows], temperature, with_entropy
+            lse[rows], log_prob[rows], ent, sq = statistics(
+                logits[rows], labels[rows], temperature, with_entropy, with_squares
             )
             if with_entropy:
                 entropy[rows] = ent
+            if with_squares:
+                squares[rows] = sq
         ctx.save_for_backward(hidden, weight, labels, logits, lse)
         ctx.temperature = temperature
         ctx.compiled = compiled
+        ctx.mark_non_differentiable(squares)
         ctx.set_materialize_grads(False)  # an unused output (a detached entropy) gets None
-        return log_prob, entropy
+        return log_prob, entropy, squares
 
     @staticmethod
     def backward(
-        ctx: Any, grad_log_prob: torch.Tensor | None, grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+        ctx: Any,
+        grad_log_prob: torch.Tensor | None,
+        grad_entropy: torch.Tensor | None,
+        _grad_squares: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None]:
         hidden, weight, labels, logits, lse = ctx.saved_tensors
         with_entropy = grad_entropy is not None and grad_entropy.numel() > 0
         if grad_log_prob is None:
@@ -131,7 +150,7 @@ class _LinearLogProb(torch.autograd.Function):
             )
         grad_hidden = logits @ weight if ctx.needs_input_grad[0] else None
         grad_weight = logits.t() @ hidden if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def linear_log_prob(
@@ -148,8 +167,33 @@ def linear_log_prob(
     ``hidden``: ``[M, H]``, ``weight``: ``[V, H]`` (an output embedding without bias),
     ``labels``: ``[M]``. Returns float32 ``[M]`` tensors; both carry grad when the inputs do.
     """
+    scores = linear_scores(hidden, weight, labels, temperature, with_entropy, False, compiled)
+    return scores.log_prob, scores.entropy
+
+
+def linear_scores(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
+    compiled: bool = True,
+) -> TokenScores:
+    """:func:`linear_log_prob`, and with ``with_sum_pi_squared`` also ``sum_v p_v^2`` of the
+    tempered distribution (``[M]``, without grad)."""
     check_temperature(temperature)
-    log_prob, entropy = _LinearLogProb.apply(
-        hidden, weight.to(hidden.dtype), labels.long(), float(temperature), with_entropy, compiled
+    log_prob, entropy, squares = _LinearLogProb.apply(
+        hidden,
+        weight.to(hidden.dtype),
+        labels.long(),
+        float(temperature),
+        with_entropy,
+        with_sum_pi_squared,
+        compiled,
     )
-    return log_prob, entropy if with_entropy else None
+    return TokenScores(
+        log_prob,
+        entropy if with_entropy else None,
+        squares if with_sum_pi_squared else None,
+    )

@@ -2,7 +2,7 @@
 :mod:`.packed_attention`: policy log-probs and entropy, or a value head's values, ``[b, R]``.
 
 The policy's scores come either from the HF forward with ``logits_to_keep`` set to the packed
-positions that predict response tokens, or, with ``fused``, from :func:`.linear_log_prob` on
+positions that predict response tokens, or, with ``fused``, from :func:`.linear_scores` on
 the last hidden states and the output embedding (no float32 ``[tokens, vocab]`` tensor). The
 fused path reads the output embedding's weight outside the HF forward, so it runs as a method
 of the root FSDP module registered with ``register_fsdp_forward_method``: FSDP then gathers the
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from polyrl.api import Batch
-from polyrl_engine_kit.fused_logprob import linear_log_prob
-from polyrl_engine_kit.logprob import EntropyMode, token_logprob_entropy
+from polyrl_engine_kit.fused_logprob import linear_scores
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores, token_scores
 from polyrl_engine_kit.packing import PackedRows, pack_rows, unpack
 from polyrl_engine_kit.ulysses import SequenceParallel, gather_scores, shard_packed
 
@@ -54,13 +54,20 @@ def _fused_log_probs(
     temperature: float,
     with_entropy: bool,
     compiled: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with_sum_pi_squared: bool = False,
+) -> TokenScores:
     """The root module's method: hidden states of the packed row, then fused scores."""
     lm = causal_lm(self)
     hidden = getattr(lm, lm.base_model_prefix)(**_model_kwargs(packed)).last_hidden_state[0]
     weight = lm.get_output_embeddings().weight
-    return linear_log_prob(
-        hidden[packed.score_index], weight, packed.labels, temperature, with_entropy, compiled
+    return linear_scores(
+        hidden[packed.score_index],
+        weight,
+        packed.labels,
+        temperature,
+        with_entropy,
+        with_sum_pi_squared,
+        compiled,
     )
 
 
@@ -120,22 +127,31 @@ def packed_log_probs(
     entropy: EntropyMode,
     fused: bool,
     sequence_parallel: SequenceParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) ``[b, R]`` of the response tokens, zero on padding; ``fused``
-    needs :func:`install_fused_forward` on ``model``; with ``sequence_parallel`` (and the
-    model on :mod:`.ulysses`' attention) each rank scores its slice and all get the whole."""
+    sum_pi_squared: bool = False,
+) -> TokenScores:
+    """Log-probs (and entropy, and ``sum_pi_squared``) ``[b, R]`` of the response tokens, zero
+    on padding; ``fused`` needs :func:`install_fused_forward` on ``model``; with
+    ``sequence_parallel`` (and the model on :mod:`.ulysses`' attention) each rank scores its
+    slice and all get the whole."""
     sp = sequence_parallel
     packed, part, counts = _pack(batch, device, sp)
     if fused:
-        log_prob, ent = getattr(model, FUSED_METHOD)(part, temperature, entropy != EntropyMode.NONE)
-        if ent is not None and entropy == EntropyMode.DETACHED:
-            ent = ent.detach()
+        scores = getattr(model, FUSED_METHOD)(
+            part, temperature, entropy != EntropyMode.NONE, with_sum_pi_squared=sum_pi_squared
+        )
+        if scores.entropy is not None and entropy == EntropyMode.DETACHED:
+            scores = scores._replace(entropy=scores.entropy.detach())
     else:
         logits = model(**_model_kwargs(part), logits_to_keep=part.score_index).logits
-        log_prob, ent = token_logprob_entropy(logits, part.labels[None], temperature, entropy)
-        log_prob, ent = log_prob[0], None if ent is None else ent[0]
-    log_prob = unpack(_joined(log_prob, sp, counts), packed)
-    return log_prob, None if ent is None else unpack(_joined(ent, sp, counts), packed)
+        scores = token_scores(logits, part.labels[None], temperature, entropy, sum_pi_squared)
+        scores = TokenScores(*(None if t is None else t[0] for t in scores))
+
+    def whole(scores_of_part: torch.Tensor | None) -> torch.Tensor | None:
+        if scores_of_part is None:
+            return None
+        return unpack(_joined(scores_of_part, sp, counts), packed)
+
+    return TokenScores(*(whole(t) for t in scores))  # type: ignore[arg-type]
 
 
 def packed_values(

@@ -3,7 +3,7 @@
 Rows are ``[left-padded prompt | right-padded response]``. A micro-batch keeps only the columns
 that hold a real token in one of its rows, the model computes logits only at the response
 positions (``logits_to_keep``), and those are scored in float32 with
-:func:`~polyrl_engine_kit.logprob.token_logprob_entropy`, so that every engine built on these
+:func:`~polyrl_engine_kit.logprob.token_scores`, so that every engine built on these
 helpers gives the same numbers for the same weights. Nothing here depends on how the model is
 sharded: ``model`` is anything whose call runs the HF forward (an FSDP module, a DeepSpeed
 engine); the Megatron engine, whose forward differs, uses the inputs and the padding helpers.
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from polyrl.api import Batch
 from polyrl_engine_kit.errors import BatchLayoutError
-from polyrl_engine_kit.logprob import EntropyMode, token_logprob_entropy
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores, token_scores
 from polyrl_engine_kit.microbatch import TrimmedInputs, trim_columns
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
@@ -102,17 +102,22 @@ def response_log_probs(
     temperature: float,
     entropy: EntropyMode,
     logits_to_keep: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) ``[b, R]`` of the response tokens of an HF causal LM; zero on
-    padding."""
+    sum_pi_squared: bool = False,
+) -> TokenScores:
+    """Log-probs (and entropy, and ``sum_pi_squared``) ``[b, R]`` of the response tokens of an
+    HF causal LM; zero on padding."""
     trimmed, kwargs, response_attention = model_inputs(batch, device)
     kept = trimmed.kept_response
     if logits_to_keep:
         kwargs["logits_to_keep"] = kept + 1
     logits = model(**kwargs).logits[:, -(kept + 1) : -1]
-    log_prob, ent = token_logprob_entropy(logits, trimmed.labels, temperature, entropy)
+    scores = token_scores(logits, trimmed.labels, temperature, entropy, sum_pi_squared)
     del logits
-    return pad_to_response(log_prob, ent, response_attention, kept)
+    log_prob, ent = pad_to_response(scores.log_prob, scores.entropy, response_attention, kept)
+    squares = scores.sum_pi_squared
+    if squares is not None:
+        squares = pad_to_response(squares, None, response_attention, kept)[0]
+    return TokenScores(log_prob, ent, squares)
 
 
 def dummy_logits(model: Any, device: torch.device) -> torch.Tensor:

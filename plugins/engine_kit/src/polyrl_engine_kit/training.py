@@ -17,13 +17,13 @@ import torch
 
 from polyrl.api import Batch, MicroBatchLossFn, needs_entropy_grad
 from polyrl_engine_kit.errors import EngineUsageError
-from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.scoring import response_mask
 
 # A micro-batch's loss and metrics, computed from its forward pass (the head decides which).
 MicroLoss = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
 # An engine's scoring of a micro-batch: log-probs and entropy ``[b, R]``.
-PolicyForward = Callable[[Batch, float, EntropyMode], tuple[torch.Tensor, torch.Tensor | None]]
+PolicyForward = Callable[[Batch, float, EntropyMode], TokenScores]
 
 
 def require_trainable(optimizer: object, scheduler: object, role: str) -> None:
@@ -94,8 +94,8 @@ def policy_micro_loss(
     scored_loss = policy_loss(loss_fn, mode, entropy)
 
     def micro_loss(micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        log_prob, ent = forward(micro, temperature, mode)
-        return scored_loss(micro, log_prob, ent)
+        scores = forward(micro, temperature, mode)
+        return scored_loss(micro, scores.log_prob, scores.entropy)
 
     return micro_loss
 

@@ -180,6 +180,7 @@ class ActorRole(Role):
             arr.actor.tis_imp_ratio_cap
         )
         self.temperature = float(arr.rollout.temperature)
+        self.sum_pi_squared = bool(arr.actor.calculate_sum_pi_squared)
         # A LoRA actor syncs the adapters alone into a rollout engine that loads them.
         self.sends_adapters = lora_rank(arr.model) > 0 and sync_sends_adapters(
             ctx.plan.registration(PluginKind.ROLLOUT_ENGINE, arr.rollout.name).spec
@@ -190,13 +191,22 @@ class ActorRole(Role):
 
     # ---- log-probs ---------------------------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """``log_probs`` (and ``entropys``) of the batch's responses under the current weights."""
-        log_prob, entropy = self.engine.compute_log_prob(
-            batch, temperature=self.temperature, calculate_entropy=True
-        )
+        """``log_probs`` (and ``entropys``) of the batch's responses under the current weights,
+        and their ``sum_pi_squared`` with ``actor.calculate_sum_pi_squared``."""
+        squares = None
+        if self.sum_pi_squared:
+            log_prob, entropy, squares = self.engine.compute_log_prob_and_sum_pi_squared(
+                batch, temperature=self.temperature, calculate_entropy=True
+            )
+        else:
+            log_prob, entropy = self.engine.compute_log_prob(
+                batch, temperature=self.temperature, calculate_entropy=True
+            )
         out = Batch({"log_probs": log_prob})
         if entropy is not None:
             out["entropys"] = entropy
+        if squares is not None:
+            out["sum_pi_squared"] = squares
         return out
 
     # ---- training ----------------------------------------------------------------------------
