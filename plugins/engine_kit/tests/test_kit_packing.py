@@ -9,7 +9,7 @@ import torch
 from polyrl.api import ConfigError
 from polyrl_engine_kit import fused_logprob
 from polyrl_engine_kit.config import resolve_settings
-from polyrl_engine_kit.fused_logprob import linear_log_prob
+from polyrl_engine_kit.fused_logprob import linear_log_prob, linear_scores
 from polyrl_engine_kit.microbatch import packed_budget_partition, plan_micro_batches
 from polyrl_engine_kit.packing import pack_rows, unpack
 from polyrl_engine_kit.testing import ragged_batch
@@ -85,3 +85,22 @@ def test_fused_log_prob_and_grads_match_log_softmax(
     ref_grads = torch.autograd.grad(ref_loss, (hidden, weight))
     for got, want in zip(grads, ref_grads):  # float32 statistics against a float64 reference
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_sum_pi_squared_matches_softmax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused path's sum_pi_squared (verl's formula, per chunk) against the float64 softmax;
+    its log-probs and gradients are the plain path's."""
+    monkeypatch.setattr(fused_logprob, "_CHUNK_ELEMENTS", 3 * 50)  # chunks of 3 tokens
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(10, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 50, (10,), generator=gen)
+    scores = linear_scores(hidden, weight, labels, 0.7, with_sum_pi_squared=True)
+    want = (torch.softmax((hidden @ weight.t()).detach() / 0.7, -1) ** 2).sum(-1)
+    torch.testing.assert_close(scores.sum_pi_squared, want.float())
+    assert not scores.sum_pi_squared.requires_grad and scores.entropy is None
+    log_prob, _ = linear_log_prob(hidden, weight, labels, 0.7)
+    torch.testing.assert_close(scores.log_prob, log_prob)
+    (grad,) = torch.autograd.grad(scores.log_prob.sum(), hidden)
+    (plain,) = torch.autograd.grad(log_prob.sum(), hidden)
+    torch.testing.assert_close(grad, plain)

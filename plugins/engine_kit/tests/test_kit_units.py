@@ -235,3 +235,43 @@ def test_grad_and_no_grad_paths_agree_and_chunking_is_exact(monkeypatch):
     torch.testing.assert_close(ent_d, ent_grad.detach())
     with pytest.raises(ValueError, match="temperature"):
         token_logprob_entropy(logits, labels, 0.0)
+
+
+def test_sum_pi_squared_by_hand_on_every_path(monkeypatch):
+    """verl's sum_pi_squared: ``sum_v p_v^2`` of the tempered distribution, from the no-grad
+    chunks, beside a grad path (detached), and without changing the log-probs."""
+    import polyrl_engine_kit.logprob as logprob
+    from polyrl_engine_kit.logprob import token_scores
+
+    # logits (0, ln 3) -> p = (1/4, 3/4): 1/16 + 9/16 = 10/16; at T = 0.5, p = (1/10, 9/10)
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])
+    labels = torch.tensor([[1, 0]])
+    with torch.no_grad():
+        scores = token_scores(logits, labels, 1.0, EntropyMode.DETACHED, sum_pi_squared=True)
+        tempered = token_scores(logits, labels, 0.5, sum_pi_squared=True)
+    assert scores.sum_pi_squared.tolist()[0] == pytest.approx([10 / 16, 0.5])
+    assert tempered.sum_pi_squared[0, 0].item() == pytest.approx(0.01 + 0.81)
+    assert token_scores(logits, labels).sum_pi_squared is None
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 11, generator=gen)
+    labels = torch.randint(0, 11, (5, 3), generator=gen)
+    want = (torch.softmax(logits.double() / 0.8, -1) ** 2).sum(-1).float()
+    monkeypatch.setattr(logprob, "_CHUNK_ELEMENTS", 40)  # 1 row per chunk
+    with torch.no_grad():
+        chunked = token_scores(logits, labels, 0.8, sum_pi_squared=True)
+    graded = token_scores(logits.requires_grad_(True), labels, 0.8, sum_pi_squared=True)
+    for got in (chunked, graded):
+        torch.testing.assert_close(got.sum_pi_squared, want)
+    assert not graded.sum_pi_squared.requires_grad
+    torch.testing.assert_close(chunked.log_prob, graded.log_prob.detach())
+
+
+def test_engines_that_do_not_compute_sum_pi_squared_refuse_it():
+    from polyrl_engine_kit.checks import actor_ref_problems
+
+    cfg = schema_config()
+    actor, ref = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref
+    actor.calculate_sum_pi_squared = True
+    lines = [p for p in actor_ref_problems(actor, ref) if "sum_pi_squared" in p]
+    assert len(lines) == 1 and "strategy=fsdp2" in lines[0], lines
+    assert not [p for p in actor_ref_problems(actor, ref, sum_pi_squared=True) if "sum_pi" in p]

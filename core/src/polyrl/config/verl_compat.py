@@ -216,11 +216,6 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "vision-language models", "a text-only model"
     ),
     "actor_rollout_ref.actor.use_prefix_grouper": Refused("the prefix grouper", "remove it"),
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": Refused(
-        "the per-token sum of squared vocabulary probabilities (sum_pi_squared, read by the "
-        "optimal-token baselines)",
-        "algorithm.adv_estimator=grpo, rloo or opo for a group baseline, and remove it",
-    ),
     "*.loss_scale_factor": Refused("a fixed loss scale factor", "actor.loss_agg_mode"),
     "*.rollout_n": NoEffect("actor_rollout_ref.rollout.n sets it"),
     "*.data_loader_seed": NoEffect("trainer.seed seeds the mini-batch order"),
