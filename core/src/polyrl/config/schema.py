@@ -28,15 +28,7 @@ from omegaconf import MISSING
 VERL_COMPAT_KEYS: tuple[str, ...] = tuple(
     f"{role}.megatron.{key}"
     for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
-    for key in (
-        "dist_checkpointing_path",
-        "expert_tensor_parallel_size",
-        "sequence_parallel",
-        "use_dist_checkpointing",
-        "use_distributed_optimizer",
-        "use_mbridge",
-        "virtual_pipeline_model_parallel_size",
-    )
+    for key in ("sequence_parallel", "use_distributed_optimizer", "use_mbridge")
 )
 
 
@@ -209,6 +201,11 @@ class RefConfig:
 
 @dataclass
 class RolloutValConfig:
+    """Validation sampling, as verl's rollout does it: greedy at ``temperature`` 0, sampled at
+    a temperature above (with ``top_p``/``top_k``). verl's rollout does not read ``do_sample``,
+    nor does polyrl (``polyrl validate`` says so when it is false beside a temperature above 0,
+    and refuses true at temperature 0)."""
+
     do_sample: bool = False
     temperature: float = 0.0
     top_p: float = 1.0
