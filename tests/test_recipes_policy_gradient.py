@@ -20,6 +20,12 @@ from polyrl.config.loader import load_config
 pytestmark = pytest.mark.slow
 
 RECIPES = ("grpo", "drgrpo", "rloo", "gspo", "dapo", "remax", "reinforce_plus_plus", "tool_tiny")
+# Estimators without a recipe of their own, run on a recipe of the same step: id -> (recipe,
+# overrides). The optimal token baseline makes the old log-prob pass compute sum_pi_squared.
+ESTIMATOR_RUNS = {
+    "optimal_token_baseline": ("drgrpo", ("algorithm.adv_estimator=optimal_token_baseline",)),
+}
+CASES = {**{recipe: (recipe, ()) for recipe in RECIPES}, **ESTIMATOR_RUNS}
 VAL_REWARD = "val-core/polyrl/tiny_digits/reward/mean@1"
 MIN_GAIN = 0.2  # greedy reward before training is 0.0; the recipes reach about 0.55 (README)
 # Metrics that show the algorithm's own stages ran, on every step.
@@ -42,14 +48,15 @@ def train(recipe: str, out_dir: Path, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_learns(recipe: str, tmp_path: Path) -> None:
-    cfg = load_config([f"recipe={recipe}"])
-    val_before, records = split_records(train(recipe, tmp_path))
+@pytest.mark.parametrize("case", CASES)
+def test_recipe_learns(case: str, tmp_path: Path) -> None:
+    recipe, overrides = CASES[case]
+    cfg = load_config([f"recipe={recipe}", *overrides])
+    val_before, records = split_records(train(recipe, tmp_path, *overrides))
     assert [r["step"] for r in records] == list(range(1, cfg.trainer.total_training_steps + 1))
     assert val_before is not None
     before, after = val_before[VAL_REWARD], records[-1][VAL_REWARD]
-    assert after > before + MIN_GAIN, f"{recipe}: validation reward {before} -> {after}"
+    assert after > before + MIN_GAIN, f"{case}: validation reward {before} -> {after}"
     for name in OWN_METRICS.get(recipe, ()):
         assert all(name in r for r in records), f"{recipe}: a step lacks {name}"
     if recipe == "dapo":
