@@ -34,6 +34,7 @@ from polyrl_engine_kit import fast_paths
 from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_loop_state
 from polyrl_engine_kit.config import resolve_settings
 from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.log_prob_methods import LogProbMethods
 from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
@@ -79,7 +80,7 @@ def _join_process_group(ctx: EngineContext, device: torch.device) -> None:
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
 
 
-class DeepSpeedEngine(TrainingEngine):
+class DeepSpeedEngine(LogProbMethods, TrainingEngine):
     """DeepSpeed ZeRO engine for ``actor`` (trainable) and ``ref`` (frozen) roles."""
 
     def __init__(self, ctx: EngineContext) -> None:
@@ -150,19 +151,6 @@ class DeepSpeedEngine(TrainingEngine):
         )
 
     # ---- TrainingEngine -----------------------------------------------------------------------
-    def compute_log_prob(
-        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        log_prob, entropy, _ = self._scores(batch, temperature, calculate_entropy, False)
-        return log_prob, entropy
-
-    def compute_log_prob_and_sum_pi_squared(
-        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        log_prob, entropy, squares = self._scores(batch, temperature, calculate_entropy, True)
-        assert squares is not None
-        return log_prob, entropy, squares
-
     def _scores(
         self, batch: Batch, temperature: float, calculate_entropy: bool, sum_pi_squared: bool
     ) -> TokenScores:

@@ -57,6 +57,7 @@ from polyrl_engine_kit.checkpoint import export_on_rank0, loop_state, restore_lo
 from polyrl_engine_kit.checks import head_problem
 from polyrl_engine_kit.config import engine_node, resolve_settings
 from polyrl_engine_kit.errors import EngineUsageError
+from polyrl_engine_kit.log_prob_methods import LogProbMethods
 from polyrl_engine_kit.logprob import EntropyMode, TokenScores
 from polyrl_engine_kit.microbatch import equalize_over_ranks, plan_micro_batches
 from polyrl_engine_kit.modeling import load_hf_model, torch_dtype
@@ -103,7 +104,7 @@ __all__ = [
 ]
 
 
-class FSDPEngine(TrainingEngine):
+class FSDPEngine(LogProbMethods, TrainingEngine):
     """FSDP2 engine for ``actor`` (trainable) and ``ref`` (frozen) roles, and for value models
     (a critic, ``EngineContext.head=ModelHead.VALUE``)."""
 
@@ -248,19 +249,6 @@ class FSDPEngine(TrainingEngine):
             self.model.train(was_training)
             reshard_all(self.model)
         return outputs
-
-    def compute_log_prob(
-        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        log_prob, entropy, _ = self._scores(batch, temperature, calculate_entropy, False)
-        return log_prob, entropy
-
-    def compute_log_prob_and_sum_pi_squared(
-        self, batch: Batch, *, temperature: float = 1.0, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        log_prob, entropy, squares = self._scores(batch, temperature, calculate_entropy, True)
-        assert squares is not None
-        return log_prob, entropy, squares
 
     def _scores(
         self, batch: Batch, temperature: float, calculate_entropy: bool, sum_pi_squared: bool
