@@ -235,7 +235,7 @@ def test_validation_does_not_import_heavy_modules(files: dict[str, Path]) -> Non
         ),
         (
             "actor_rollout_ref.rollout.val_kwargs.n=3",
-            "val_kwargs.do_sample=false gives 3 identical",
+            "val_kwargs.temperature=0 gives 3 identical",
         ),
         (
             "actor_rollout_ref.rollout.val_kwargs.top_p=2",

@@ -153,14 +153,51 @@ def test_verls_fsdp_mixed_precision_dtypes_are_the_fsdp_engines_keys() -> None:
 VAL = "actor_rollout_ref.rollout.val_kwargs"
 
 
-def test_sampled_validation_that_verl_would_run_is_named() -> None:
-    """verl's rollout ignores val_kwargs.do_sample and samples at val_kwargs.temperature; polyrl
-    reads do_sample: one sample is a notice, several identical greedy ones a problem that says
-    why verl differs."""
-    _, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.n=1")
-    assert any("do_sample=true for verl's validation" in n for n in notices)
-    _, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.n=1", f"{VAL}.do_sample=true")
-    assert not any("verl's validation" in n for n in notices)
+def test_validation_samples_at_its_temperature_whatever_do_sample_says() -> None:
+    """verl's rollout ignores val_kwargs.do_sample and samples at val_kwargs.temperature (greedy
+    at 0); so does polyrl, with one line when do_sample=false says otherwise. Several samples
+    validate (verl's multi-turn DAPO script asks for 16); several at temperature 0 are a
+    problem (identical greedy answers)."""
+    for n in (1, 16):
+        problems, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.n={n}")
+        assert problems == []
+        found = [line for line in notices if "do_sample=false is not read" in line]
+        assert len(found) == 1 and "samples at temperature 1.0" in found[0], notices
+    _, notices = lines(f"{VAL}.temperature=1.0", f"{VAL}.do_sample=true")
+    assert not any("do_sample" in n for n in notices)
     cfg = load_config(["recipe=tiny", f"{VAL}.temperature=1.0", f"{VAL}.n=4"])
+    assert validate_config(cfg) == []
+    cfg = load_config(["recipe=tiny", f"{VAL}.n=4"])
     found = [p for p in validate_config(cfg) if "identical greedy answers" in p]
-    assert len(found) == 1 and "samples at" in found[0] and "do_sample=true" in found[0]
+    assert len(found) == 1 and "temperature > 0" in found[0]
+
+
+def test_the_validation_sampling_follows_the_temperature() -> None:
+    """The sampling settings validation hands the rollout: greedy exactly at temperature 0."""
+    from polyrl.trainer.trainer import validation_sampling_params
+
+    for temperature, do_sample, greedy in (
+        (0.0, False, True),
+        (0.6, False, False),
+        (0.6, True, False),
+    ):
+        cfg = load_config(
+            ["recipe=tiny", f"{VAL}.temperature={temperature}", f"{VAL}.do_sample={do_sample}"]
+        )
+        params = validation_sampling_params(cfg)
+        assert params.greedy is greedy
+        if not greedy:
+            assert params.temperature == temperature
+
+
+def test_the_prefix_grouper_is_accepted_as_a_notice() -> None:
+    """verl's shared-prefix forward changes no log-prob or gradient: one line, no problem."""
+    problems, notices = lines("actor_rollout_ref.actor.use_prefix_grouper=true")
+    assert problems == []
+    found = [n for n in notices if n.startswith("actor_rollout_ref.actor.use_prefix_grouper")]
+    assert len(found) == 1 and "results are the same" in found[0], notices
+
+
+def test_sum_pi_squared_is_polyrls_key_not_a_refusal() -> None:
+    problems, notices = lines("actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+    assert problems == [] and not [n for n in notices if "sum_pi_squared" in n]

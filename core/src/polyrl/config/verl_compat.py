@@ -215,7 +215,11 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "actor_rollout_ref.actor.freeze_vision_tower": Refused(
         "vision-language models", "a text-only model"
     ),
-    "actor_rollout_ref.actor.use_prefix_grouper": Refused("the prefix grouper", "remove it"),
+    # verl's shared-prefix forward: each group's prompt attended once, its responses' positions
+    # continuing from it: the same log-probs and gradients as one forward per sample
+    "actor_rollout_ref.actor.use_prefix_grouper": NoEffect(
+        "polyrl computes each sample's full sequence; results are the same"
+    ),
     "*.loss_scale_factor": Refused("a fixed loss scale factor", "actor.loss_agg_mode"),
     "*.rollout_n": NoEffect("actor_rollout_ref.rollout.n sets it"),
     "*.data_loader_seed": NoEffect("trainer.seed seeds the mini-batch order"),
@@ -492,7 +496,7 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     changed = _changed(cfg, schema, declared)
     loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
     problems, notices = reward_loop_lines(cfg, loop)
-    notices += [line for line in [greedy_validation_notice(cfg)] if line]
+    notices += [line for line in [unread_do_sample_notice(cfg)] if line]
     notices += strategy_notices(cfg)
     for key, value in changed:
         if key.startswith(f"{REWARD_LOOP}."):
@@ -540,21 +544,19 @@ def strategy_notices(cfg: DictConfig) -> list[str]:
 VAL = "actor_rollout_ref.rollout.val_kwargs"
 
 
-def greedy_validation_notice(cfg: DictConfig) -> str | None:
-    """verl's rollout does not read ``val_kwargs.do_sample`` (at the fixture's commit): it
-    samples at ``val_kwargs.temperature``; polyrl validates greedily when do_sample is false. A
-    config with both (one validation sample; several are a problem of ``polyrl validate``) gets
-    one line saying so."""
+def unread_do_sample_notice(cfg: DictConfig) -> str | None:
+    """verl's rollout does not read ``val_kwargs.do_sample``: it samples at
+    ``val_kwargs.temperature`` (greedy at 0), and so does polyrl. ``do_sample=false`` beside a
+    temperature above 0 gets one line saying so."""
     temperature = OmegaConf.select(cfg, f"{VAL}.temperature", default=None)
-    n = OmegaConf.select(cfg, f"{VAL}.n", default=None)
-    if OmegaConf.select(cfg, f"{VAL}.do_sample", default=None) is not False or n != 1:
+    if OmegaConf.select(cfg, f"{VAL}.do_sample", default=None) is not False:
         return None
     if not isinstance(temperature, (int, float)) or temperature <= 0:
         return None
     return (
-        f"{VAL}.temperature={temperature} with {VAL}.do_sample=false: polyrl validates "
-        f"greedily, verl's rollout does not read do_sample and samples at that temperature; "
-        f"set {VAL}.do_sample=true for verl's validation"
+        f"{VAL}.do_sample=false is not read (as in verl, whose rollout samples at "
+        f"{VAL}.temperature): validation samples at temperature {temperature}; set "
+        f"{VAL}.temperature=0 for greedy answers"
     )
 
 
@@ -745,12 +747,12 @@ __all__ = [
     "check",
     "compat_keys",
     "disposition",
-    "greedy_validation_notice",
     "judge_settings_from_verl",
     "mount",
     "open_groups",
     "reward_loop_lines",
     "strategy_notices",
+    "unread_do_sample_notice",
     "verl_commit",
     "verl_keys",
 ]

@@ -110,24 +110,30 @@ def prompt_data(cfg: DictConfig, tokenizer: Any) -> TrainingData:
     return training_data_from_files(cfg, tokenizer, dataset, PromptLoader, validate_by_generation)
 
 
-def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationResult:
-    """Greedy (per ``rollout.val_kwargs``) generation on the val set (multi-turn runs play
-    their episodes, :attr:`StepContext.episodes`, and log their ``multi_turn/*`` metrics under
-    ``val-aux/``), mean reward per source;
-    with ``trainer.log_val_generations=N``, N of the samples to log
-    (:mod:`polyrl.trainer.val_generations` picks them)."""
-    from polyrl.data.dataset import collate
-
-    val = ctx.cfg.actor_rollout_ref.rollout.val_kwargs
-    params = SamplingParams(
+def validation_sampling_params(cfg: Any) -> SamplingParams:
+    """``rollout.val_kwargs`` as verl's rollout reads them: greedy at temperature 0, sampled at
+    a temperature above it; ``do_sample`` is not read."""
+    val = cfg.actor_rollout_ref.rollout.val_kwargs
+    return SamplingParams(
         n=int(val.n),
         temperature=float(val.temperature) or 1.0,
         top_p=float(val.top_p),
         top_k=int(val.top_k),
-        max_new_tokens=int(ctx.cfg.data.max_response_length),
-        greedy=not val.do_sample,
-        seed=int(ctx.cfg.trainer.seed),
+        max_new_tokens=int(cfg.data.max_response_length),
+        greedy=float(val.temperature) == 0,
+        seed=int(cfg.trainer.seed),
     )
+
+
+def validate_by_generation(val_set: RLDataset, ctx: StepContext) -> ValidationResult:
+    """Generation per ``rollout.val_kwargs`` (:func:`validation_sampling_params`) on the val
+    set (multi-turn runs play their episodes, :attr:`StepContext.episodes`, and log their
+    ``multi_turn/*`` metrics under ``val-aux/``), mean reward per source;
+    with ``trainer.log_val_generations=N``, N of the samples to log
+    (:mod:`polyrl.trainer.val_generations` picks them)."""
+    from polyrl.data.dataset import collate
+
+    params = validation_sampling_params(ctx.cfg)
     size = int(ctx.cfg.data.val_batch_size or len(val_set))
     shown = int(ctx.cfg.trainer.log_val_generations)
     scores: dict[str, list[float]] = {}

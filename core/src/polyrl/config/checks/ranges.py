@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from polyrl.config.checks.checker import MISSING, Checker, is_number
+from polyrl.config.checks.checker import MISSING, Checker
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -82,17 +82,12 @@ def check_ranges(checker: Checker) -> None:
     c.number(f"{val}.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
     c.number(f"{val}.top_k", at_least(-1), "-1 (off) or a positive count", integer=True)
     val_n = c.number(f"{val}.n", at_least(1), ">= 1", integer=True)
-    if val_n and val_n > 1 and c.get(f"{val}.do_sample") is False:
-        temperature = c.get(f"{val}.temperature")
-        verl = (
-            f" (verl's rollout does not read do_sample: it samples at {val}.temperature="
-            f"{temperature}; polyrl reads it)"
-            if is_number(temperature) and temperature > 0
-            else ""
-        )
+    # Validation is greedy at temperature 0 and sampled above it; do_sample is not read (as in
+    # verl's rollout), see polyrl.config.verl_compat.unread_do_sample_notice.
+    if val_n and val_n > 1 and c.get(f"{val}.temperature") == 0:
         c.add(
-            f"{val}.n={val_n} with {val}.do_sample=false gives {val_n} identical greedy answers"
-            f"{verl}: set {val}.do_sample=true or {val}.n=1"
+            f"{val}.n={val_n} at {val}.temperature=0 gives {val_n} identical greedy answers: "
+            f"set {val}.temperature > 0 (e.g. 0.6; validation samples at it) or {val}.n=1"
         )
     if c.get(f"{val}.do_sample") is True and c.get(f"{val}.temperature") == 0:
         c.add(f"{val}.do_sample=true needs {val}.temperature > 0 (e.g. 0.6)")
