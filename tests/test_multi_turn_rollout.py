@@ -218,3 +218,58 @@ def test_a_hanging_a_raising_and_a_flooding_tool_end_only_their_episodes(tokeniz
     assert trajectories[2].metrics["tool_output_dropped_bytes"] > 99_000_000
     assert "x" * 2000 not in capsys.readouterr().out  # nothing of the flood reached the log
     assert trajectories[3].assistant_turns == 2 and trajectories[3].last_text == "4"
+
+
+def test_the_gen_stage_releases_the_kept_kv_after_the_last_turn(model_path, tokenizer):
+    """``run_episodes`` (the multi-turn gen stage) asks every rollout worker to drop its prefix
+    cache once the episodes' last turn is sampled: nothing stays on the device through the
+    update."""
+    from types import SimpleNamespace
+
+    from polyrl.api.testing import ScriptedRoles
+    from polyrl.step.multi_turn import run_episodes
+
+    engine = HFRolloutEngine(
+        RolloutContext(
+            model_path=model_path,
+            config={"dtype": "float32", "engine_kwargs": {"hf": {"prefix_cache": "true"}}},
+            device="cpu",
+            rank=0,
+            world_size=1,
+            pad_token_id=PAD_TOKEN_ID,
+            eos_token_ids=[EOS_TOKEN_ID],
+        )
+    )
+    kept_at_release: list[int] = []
+
+    def release():
+        kept_at_release.append(len(engine.prefix_cache))
+        engine.reset_prefix_cache()
+
+    roles = ScriptedRoles(
+        {"rollout.generate": engine.generate, "rollout.reset_prefix_cache": release}
+    )
+    rows, prompts = rows_and_prompts(tokenizer, 2)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD_TOKEN_ID] * (width - len(p)) + p for p in prompts])
+    batch = Batch({"input_ids": ids, "attention_mask": (ids != PAD_TOKEN_ID).long()})
+    for key in ("messages", "ground_truth", "extra_info"):
+        batch[key] = [row[key] for row in rows]
+    multi_turn = settings(max_assistant_turns=2, max_tokens_per_turn=8)
+    env = tool_tiny(multi_turn)
+    rollout = MultiTurnRollout(
+        env,
+        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
+        multi_turn,
+        max_response_length=48,
+        max_prompt_length=32,
+    )
+    params = SamplingParams(n=2, max_new_tokens=48, greedy=True)
+    try:
+        run_episodes(SimpleNamespace(workers=roles, tokenizer=tokenizer), rollout, batch, params)
+    finally:
+        env.close()
+    methods = [(call.method, call.dispatch.name) for call in roles.calls]
+    assert methods[-1] == ("reset_prefix_cache", "BROADCAST")
+    assert [m for m, _ in methods[:-1]] == ["generate", "generate"]  # two turns
+    assert kept_at_release[0] > 0 and len(engine.prefix_cache) == 0
