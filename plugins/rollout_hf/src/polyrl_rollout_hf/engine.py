@@ -131,11 +131,12 @@ class HFRolloutEngine(RolloutEngine):
     ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
     ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
     ``auto`` on CPU: eager). ``prefix_cache`` (``true``, and ``auto`` when
-    ``multi_turn.enable``: keep the last call's KV, of its prompts and, with continuous
-    batching, of its responses, so that a prompt extending one of them, a multi-turn episode's
-    next turn, prefills only the new tokens, :mod:`polyrl_rollout_hf.prefix_cache`; it holds one
-    call's KV between calls, until the episodes' last turn; ``false``, and ``auto``
-    for single-turn runs, whose prompts never extend earlier ones: prefill every prompt whole and
+    ``multi_turn.enable``: keep the last call's KV, of its prompts or, with continuous
+    batching, of its prompts and responses, so that a prompt extending one of them, a
+    multi-turn episode's next turn, prefills only the new tokens,
+    :mod:`polyrl_rollout_hf.prefix_cache`; it holds one call's KV between calls, until the
+    episodes' last turn; ``false``, and ``auto`` for single-turn runs, whose prompts never
+    extend earlier ones: prefill every prompt whole and
     keep nothing between calls; :meth:`reset_prefix_cache` drops what it keeps, which the
     multi-turn rollout calls after its episodes' last turn).
     vLLM's ``enforce_eager`` is not read: it defaults to true in verl's schema.
