@@ -197,4 +197,6 @@ def test_train_with_vllm_missing_fails_fast_with_one_line(tmp_path) -> None:
     assert "actor_rollout_ref.rollout.name=vllm" in errors[0]
     assert "'vllm'" in errors[0] and "pip install 'polyrl-rollout-vllm[cpu]'" in errors[0]
     assert "Traceback" not in done.stderr
-    assert elapsed < 10, f"took {elapsed:.1f}s"
+    # before Ray starts: what remains is the interpreter's imports, which a loaded machine slows
+    assert "Started a local Ray instance" not in done.stderr + done.stdout
+    assert elapsed < 30, f"took {elapsed:.1f}s"
