@@ -39,6 +39,25 @@ def test_old_log_probs_come_from_the_scripted_actor_with_the_rollout_gap() -> No
     assert sorted(call.args[0].tensors) == sorted(MODEL_INPUT_KEYS)
 
 
+def test_sum_pi_squared_comes_with_the_old_log_probs_whatever_the_plan() -> None:
+    """With actor.calculate_sum_pi_squared the stage provides sum_pi_squared (declared, so the
+    harness checks it is written) and runs its forward pass even when nothing else would."""
+    squares = torch.full((2, 3), 0.3)
+    roles = ScriptedRoles(
+        {
+            "actor.compute_log_prob": lambda b: Batch(
+                {"log_probs": torch.zeros(2, 3), "sum_pi_squared": squares}
+            )
+        }
+    )
+    stage = OldLogProbStage(sum_pi_squared=True)
+    stage.link([])  # no later stage reads old_log_probs
+    assert stage.provides == ("old_log_probs", "sum_pi_squared")
+    state = run_stage(stage, model_inputs(), roles=roles)
+    assert torch.equal(state.batch["sum_pi_squared"], squares)
+    assert OldLogProbStage().provides == ("old_log_probs",)
+
+
 def test_the_stage_is_bound_to_the_estimator_the_config_selects() -> None:
     batch = Batch(
         {

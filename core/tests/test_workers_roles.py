@@ -221,6 +221,23 @@ def test_actor_log_probs_use_generic_keys(engines):
     assert sorted(out.tensors) == ["entropys", "log_probs"]
 
 
+def test_actor_asks_its_engine_for_sum_pi_squared_when_configured(engines):
+    """actor.calculate_sum_pi_squared: the engine's method that returns it too; an engine that
+    does not override it refuses in one line (its config check refuses the key first)."""
+    switch = {"actor": {"calculate_sum_pi_squared": True}}
+    actor = ActorRole(context("actor", actor_rollout_ref=switch))
+    with pytest.raises(NotImplementedError, match="does not compute sum_pi_squared"):
+        actor.compute_log_prob(train_batch())
+    squares = torch.full((4, RESPONSE), 0.25)
+    actor.engine.compute_log_prob_and_sum_pi_squared = lambda batch, **kw: (
+        *actor.engine.compute_log_prob(batch, **kw),
+        squares,
+    )
+    out = actor.compute_log_prob(train_batch())
+    assert sorted(out.tensors) == ["entropys", "log_probs", "sum_pi_squared"]
+    assert torch.equal(out["sum_pi_squared"], squares)
+
+
 def test_update_follows_the_plan_and_passes_every_key(engines):
     actor = ActorRole(context("actor"))
     plan = MiniBatchPlan(
