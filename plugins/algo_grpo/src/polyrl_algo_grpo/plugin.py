@@ -28,7 +28,7 @@ GROUPS_OF_ONE = (
 _VARIANTS = "polyrl_algo_grpo.group_variants"
 _OTB = "polyrl_algo_grpo.optimal_token_baseline"
 #: What the optimal token baselines give a group of one sample (verl: no baseline).
-OTB_GROUPS_OF_ONE = "its advantage is its return-to-go (no baseline), as in verl"
+OTB_GROUPS_OF_ONE = "its advantage is its return-to-go, as in verl"
 # The critic-free step of core (gen, reward, old log-probs, [ref], adv, update, sync), with DAPO's
 # overlong punishment when enabled, serves the whole family; they differ in the estimator and,
 # for Dr.GRPO, the loss aggregation.
