@@ -201,3 +201,5 @@ def test_the_prefix_grouper_is_accepted_as_a_notice() -> None:
 def test_sum_pi_squared_is_polyrls_key_not_a_refusal() -> None:
     problems, notices = lines("actor_rollout_ref.actor.calculate_sum_pi_squared=true")
     assert problems == [] and not [n for n in notices if "sum_pi_squared" in n]
+    problems, notices = lines("actor_rollout_ref.actor.sum_pi_squared_checkpointing=true")
+    assert problems == [] and any("nothing is kept for a backward" in n for n in notices)

@@ -212,6 +212,10 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "log-probs and entropy come from the fused kernels"
     ),
     "actor_rollout_ref.actor.calculate_entropy": NoEffect("entropy is computed when logged"),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": NoEffect(
+        "sum_pi_squared is computed without grad in the log-probs' chunks: nothing is kept for a "
+        "backward"
+    ),
     "actor_rollout_ref.actor.freeze_vision_tower": Refused(
         "vision-language models", "a text-only model"
     ),
