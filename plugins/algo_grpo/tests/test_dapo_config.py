@@ -149,4 +149,5 @@ def test_the_grpo_family_applies_the_overlong_buffer_as_verls_dapo_reward_manage
 def test_an_algorithm_outside_the_family_refuses_the_overlong_buffer():
     cfg = load_config(["recipe=tiny", "algorithm.name=reinforce_plus_plus", *_ENABLED])
     lines = [p for p in validate_config(cfg) if p.startswith("reward_model.overlong_buffer")]
-    assert lines and "algorithms 'dapo', 'drgrpo', 'grpo', 'optimal_token_baseline', 'rloo'" in lines[0]
+    algorithms = "'dapo', 'drgrpo', 'grpo', 'optimal_token_baseline', 'rloo'"
+    assert lines and f"algorithms {algorithms}" in lines[0]
