@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
 
 PROMPTS = 32  # builtin:tiny_digits?train_size=32 in batches of 8: 4 steps per epoch
 STEPS_PER_EPOCH = PROMPTS // 8

@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).parent / "fixtures"
 PACKAGES = ("polyrl_fixture_good", "polyrl_fixture_broken", "polyrl_fixture_clash")
 

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from test_train_tiny import final_weights, read_records
 
+pytestmark = pytest.mark.slow
+
 K = 3
 PROMPTS = 32  # batches of 8: 4 steps per epoch
 STEPS = 10  # rounds of steps 2-4, 5-7, 8-10: none reaches past the last step

@@ -1,0 +1,16 @@
+"""The order in which the suite's test files are handed out: files with end-to-end runs (tests
+marked ``slow``) first.
+
+``make test`` spreads whole files over pytest-xdist processes (``--dist loadfile``) in collection
+order. A long file handed out last keeps one process busy after the others have run out of
+work, so the long ones go first and the many short files fill the processes' gaps at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file keeps its order
