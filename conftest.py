@@ -2,8 +2,10 @@
 marked ``slow``) first.
 
 ``make test`` spreads whole files over pytest-xdist processes (``--dist loadfile``) in collection
-order. A long file handed out last keeps one process busy after the others have run out of
-work, so the long ones go first and the many short files fill the processes' gaps at the end.
+order (``--no-loadscope-reorder``: xdist would otherwise hand out the files with most tests first,
+which leaves the one-test chaos and fault files for last). A long file handed out last keeps one
+process busy after the others have run out of work, so the long ones go first and the many short
+files fill the processes' gaps at the end.
 """
 
 from __future__ import annotations
