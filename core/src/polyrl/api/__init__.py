@@ -126,6 +126,7 @@ _LAZY: dict[str, str] = {
     "MultiTurnRollout": "polyrl.envs.rollout:MultiTurnRollout",
     "default_compute_score": "polyrl.rewards.scorers:default_compute_score",
     "load_config": "polyrl.config.loader:load_config",
+    "import_user_file": "polyrl.user_modules:import_file",
     "resolve_data_files": "polyrl.data.sources:resolve_data_files",
     "build_pipeline": "polyrl.plan:build_pipeline",
     "select_algorithm": "polyrl.plan:select_algorithm",
@@ -263,6 +264,7 @@ if TYPE_CHECKING:
         score_responses,
         training_sampling_params,
     )
+    from polyrl.user_modules import import_file as import_user_file
     from polyrl.workers.roles.actor import (
         optimizer_steps_per_training_step,
         plain_node,
@@ -376,6 +378,7 @@ __all__ = [
     "get",
     "get_registry",
     "hookimpl",
+    "import_user_file",
     "is_positive_int",
     "load_config",
     "load_plain",

@@ -6,14 +6,13 @@ under a private module name (it needs no package around it). Located without run
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 from polyrl.errors import ConfigError
+from polyrl.user_modules import import_file
 
 PKG_PREFIX = "pkg://"
 FILE_PREFIX = "file://"
@@ -60,24 +59,14 @@ def load_user_class(key: str, path: str, name: str) -> type:
     """The class ``name`` of the module or file ``path`` (``key``: the config key naming it)."""
     kind, where = _target(path)
     try:
-        module = importlib.import_module(where) if kind == "module" else _module_from_file(where)
+        module = (
+            importlib.import_module(where)
+            if kind == "module"
+            else import_file(where, "polyrl_user")
+        )
     except Exception as exc:  # the user's module failing to import: one line
         raise ConfigError(f"{key}={path!r} does not import ({type(exc).__name__}: {exc})") from exc
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise ConfigError(f"{name!r} is not a class in {key}={path!r}")
     return cls
-
-
-def _module_from_file(path: str) -> Any:
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"no file {file}")
-    name = f"polyrl_user_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]

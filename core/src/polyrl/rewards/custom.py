@@ -7,8 +7,6 @@ as a fresh module under a private name, so that it needs no package around it (v
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import subprocess
 import sys
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.errors import ConfigError
+from polyrl.user_modules import import_file
 
 ScoreFn = Callable[[str, str, Any, dict[str, Any]], Any]
 
@@ -34,22 +33,12 @@ def load_custom_function(path: str | Path, name: str = "compute_score") -> Score
             f"(resolved to {file.resolve()}). Give the path of a .py file that defines "
             f"{name}(data_source, solution_str, ground_truth, extra_info)."
         )
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
-    module_name = f"polyrl_custom_reward_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"custom_reward_function.path={path!r} cannot be imported as Python")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:  # SystemExit is not success: the file is broken
-            raise ConfigError(
-                f"custom_reward_function.path={path!r} failed to import: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        sys.modules[module_name] = module
+    try:
+        module = import_file(file, "polyrl_custom_reward")
+    except (Exception, SystemExit) as exc:  # SystemExit is not success: the file is broken
+        raise ConfigError(
+            f"custom_reward_function.path={path!r} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
     if not hasattr(module, name):
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ConfigError(

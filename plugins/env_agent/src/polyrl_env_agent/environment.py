@@ -47,6 +47,7 @@ from polyrl.api import (
     EpisodeResult,
     EpisodeStart,
     Observation,
+    import_user_file,
 )
 from polyrl_env_agent.server import LoopbackServer
 from polyrl_env_agent.settings import check_config
@@ -70,10 +71,7 @@ def load_agent_function(spec: str) -> AgentFunction:
         path = Path(where)
         if not path.is_file():
             raise ConfigError(f"multi_turn.agent_function: no file {where} (give an existing path)")
-        module_spec = importlib.util.spec_from_file_location(f"polyrl_agent_{path.stem}", path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        module = import_user_file(path, "polyrl_agent")
     else:
         try:
             module = importlib.import_module(where)

@@ -27,17 +27,15 @@ sandbox (:func:`polyrl.api.run_program`).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polyrl.api import ConfigError
+from polyrl.api import ConfigError, import_user_file
 from polyrl_env_tools.yaml_config import read_entries
 
 KEY = "multi_turn.interaction_config_path"
@@ -125,7 +123,7 @@ def load_class(class_name: str, where: str) -> type:
     module_path, _, attribute = _split(target)
     try:
         if module_path.endswith(".py"):
-            module = _module_from_file(module_path)
+            module = import_user_file(module_path, "polyrl_interaction")
         else:
             module = importlib.import_module(module_path)
         cls = getattr(module, attribute)
@@ -146,19 +144,6 @@ def _split(target: str) -> tuple[str, str, str]:
     """``(module or file, separator, attribute)`` of ``pkg.mod.Name``, ``pkg.mod:Name`` or
     ``file.py:Name``."""
     return target.rpartition(":" if ":" in target else ".")
-
-
-def _module_from_file(path: str) -> Any:
-    """The module of a ``.py`` file, loaded once under a private name (it needs no package)."""
-    file = Path(path).resolve()
-    name = f"polyrl_interaction_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
 
 
 def check_interaction_config(path: str) -> list[str]:
