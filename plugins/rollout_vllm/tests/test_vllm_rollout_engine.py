@@ -290,8 +290,6 @@ def test_weight_sync_from_fsdp_trainer(base_engine, models):
     assert sum(float(a.sum()) for a in after) > sum(float(b.sum()) for b in before)
 
 
-def test_vllm_multiprocessing_is_off():
-    # The engine module keeps vLLM in-process so weights can be streamed in memory.
-    import polyrl_rollout_vllm.engine  # noqa: F401
-
+def test_vllm_multiprocessing_is_off(engine):
+    # The engine keeps vLLM in-process so weights can be streamed in memory.
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

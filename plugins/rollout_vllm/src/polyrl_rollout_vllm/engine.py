@@ -95,6 +95,9 @@ class VLLMRolloutEngine(RolloutEngine):
         # vLLM joins an existing default process group (the worker's) instead of making one; then
         # close() must leave that group alive for the trainer.
         self.owns_process_group = not torch.distributed.is_initialized()
+        # vLLM reads it when the engine starts, too; set again here, since whoever imported this
+        # module may have put the environment back since (a test running polyrl in its process)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         start = time.perf_counter()
         self.llm = LLM(**self.engine_args)
         self.start_seconds = time.perf_counter() - start
