@@ -265,8 +265,12 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
         "polyrl runs the reward model (reward_model.model.path) in its reward_model role, not "
         "on a rollout engine"
     ),
+    # polyrl-reward-code declares the group (it sends verl's code rows to the service): judged
+    # here only when that package is not installed.
     "reward_model.sandbox_fusion.*": Refused(
-        "the SandboxFusion service", "the code data source (polyrl-reward-code)"
+        "the SandboxFusion service without polyrl-reward-code",
+        "polyrl-reward-code (pip install polyrl-reward-code), which sends verl's code data "
+        "sources to reward_model.sandbox_fusion.url",
     ),
     "reward_model.reward_loop_*": Refused("a custom reward loop", "custom_reward_function"),
     "reward_model.launch_reward_fn_async": NoEffect("reward workers score while the step runs"),
