@@ -266,9 +266,10 @@ VERL_KEYS = [
 ]
 
 
-def test_verls_keys_validate_and_stand_for_plain_reward_workers():
+def test_verls_keys_validate_and_stand_for_plain_reward_workers(caplog):
     cfg = load_config(["recipe=tiny", "trainer.device=cpu", *VERL_KEYS])
     assert validate_config(cfg) == []
+    assert "reward_model.timeout_s=10 is shorter than a SandboxFusion case" in caplog.text
     assert cfg.reward_model.sandbox_fusion.max_concurrent == 128
     assert cfg.reward_model.sandbox == "never"  # sandboxed workers have no network
 

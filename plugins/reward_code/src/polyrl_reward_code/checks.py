@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrl.api import Checker, at_least, get_registry
-from polyrl_reward_code.sandbox_fusion import url_problem
+from polyrl_reward_code.sandbox_fusion import request_deadline_s, url_problem
 from polyrl_reward_code.settings import SANDBOX_FUSION_SECTION, SCORE_MODES, SECTION
 
 CUSTOM_FUNCTION = "custom_reward_function.path"
@@ -40,13 +40,28 @@ def check_sandbox_fusion(cfg: Any) -> list[str]:
         ">= 1, or -1 for the service's own limit",
         integer=True,
     )
-    c.number(f"{SANDBOX_FUSION_SECTION}.run_timeout_s", lambda v: v > 0, "> 0")
+    run_timeout = c.number(f"{SANDBOX_FUSION_SECTION}.run_timeout_s", lambda v: v > 0, "> 0")
+    if url and run_timeout:
+        _check_sample_timeout(c, run_timeout)
     if url and c.get(CUSTOM_FUNCTION):
         c.notice(
             f"{SANDBOX_FUSION_SECTION}.url has no effect with {CUSTOM_FUNCTION}: the custom "
             f"function scores every row (as in verl)"
         )
     return c.problems
+
+
+def _check_sample_timeout(c: Checker, run_timeout: float) -> None:
+    """The cases of a sample run at once, so the sample takes about as long as its slowest
+    request; a shorter ``reward_model.timeout_s`` loses the whole sample's score."""
+    sample_timeout, slowest = c.get("reward_model.timeout_s"), request_deadline_s(run_timeout)
+    if isinstance(sample_timeout, int | float) and sample_timeout < slowest:
+        c.notice(
+            f"reward_model.timeout_s={sample_timeout:g} is shorter than a SandboxFusion case may "
+            f"take ({slowest:g} s with {SANDBOX_FUSION_SECTION}.run_timeout_s={run_timeout:g}): "
+            f"a sample with a slow case then scores reward_model.failure_score as a whole; set "
+            f"reward_model.timeout_s={slowest:g}"
+        )
 
 
 def implied_settings(cfg: Any) -> dict[str, tuple[Any, str]]:

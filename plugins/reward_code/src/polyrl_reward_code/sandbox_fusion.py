@@ -76,6 +76,11 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"
 
 
+def request_deadline_s(run_timeout_s: float) -> float:
+    """How long one request may take: the program's compile and run limits, and the margin."""
+    return 2 * run_timeout_s + DEADLINE_MARGIN_S
+
+
 def run_code(
     url: str,
     code: str,
@@ -104,7 +109,7 @@ def run_code(
     request = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers=HEADERS, method="POST"
     )
-    deadline_s = 2 * run_timeout_s + DEADLINE_MARGIN_S
+    deadline_s = request_deadline_s(run_timeout_s)
     failure = ""
     with _slot(url, max_concurrent):
         for attempt in range(ATTEMPTS):
