@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -166,9 +165,11 @@ class ContinuousBatch:
         self.decoder.slot = input_ids.shape[1] - (int(used[0]) if used.numel() else 0)
         self.decoder.real_rows = slots
         # per slot, the row it holds while retain may still copy it out: (row, the write column
-        # at its admission, its prompt's real tokens)
-        self.held: list[tuple[int, int, list[int]] | None] = [None] * slots
-        self.prompts: list[list[int]] | None = None
+        # at its admission, its prompt's real token count)
+        self.held: list[tuple[int, int, int] | None] = [None] * slots
+        if self.retain:  # the prompts as numpy rows (CPU), converted once
+            self.prompt_ids = input_ids.cpu().numpy()
+            self.prompt_lengths = prompt_mask.long().sum(dim=1).tolist()
         refill_at = max(1, slots // REFILL_SHARE)
         while True:
             row_of_slot = self.slot_row[: self.decoder.rows].tolist()  # the host's read-back
@@ -226,15 +227,9 @@ class ContinuousBatch:
         slot_index = torch.tensor(free[:take], device=self.device)
         self.decoder.admit(slot_index, ready.cache, ready.mask, ready.last_positions, sources)
         if self.retain:
-            if self.prompts is None:  # every prompt's real tokens, converted once
-                lengths = self.prompt_mask.long().sum(dim=1).tolist()
-                width = self.input_ids.shape[1]
-                self.prompts = [
-                    row[width - length :]
-                    for row, length in zip(self.input_ids.tolist(), lengths, strict=True)
-                ]
+            lengths = self.prompt_lengths
             for slot, row in zip(free[:take], rows, strict=True):
-                self.held[slot] = (row, self.decoder.slot, self.prompts[row // self.n])
+                self.held[slot] = (row, self.decoder.slot, lengths[row // self.n])
         self.slot_row[slot_index] = torch.arange(rows.start, rows.stop, device=self.device)
         self.slot_written[slot_index] = 0
         token, log_prob = self._pick(ready.logits.index_select(0, sources))
@@ -265,37 +260,36 @@ class ContinuousBatch:
         for s in slots:
             self.held[s] = None
         length = self.decoder.length
-        rows = torch.tensor([h[0] for h in held], device=self.device)
-        counts = self.mask.index_select(0, rows).sum(dim=1).tolist()
-        responses = self.tokens.index_select(0, rows).tolist()
-        kept = []
-        for slot, (_, admitted, prompt), count, response in zip(
-            slots, held, counts, responses, strict=True
-        ):
-            start = admitted - len(prompt)
-            if self.decoder.slot <= start + length:  # nothing written over the span yet
-                kept.append((slot, start, prompt + response[: int(count) - 1]))
+        kept = [
+            (slot, row, admitted - prompt, prompt)
+            for slot, (row, admitted, prompt) in zip(slots, held, strict=True)
+            if self.decoder.slot <= admitted - prompt + length  # nothing written over the span
+        ]
         if not kept:
             return
-        lengths = np.fromiter((len(tokens) for _, _, tokens in kept), np.int64, len(kept))
+        slot_of, row_of, starts, prompts = (np.array(column) for column in zip(*kept, strict=True))
+        rows = torch.from_numpy(row_of).to(self.device)
+        counts = self.mask.index_select(0, rows).sum(dim=1).cpu().numpy()
+        responses = self.tokens.index_select(0, rows).cpu().numpy()
+        # Each kept row's tokens are one run of its prompt row followed by its response: the
+        # prompt's real tokens end the prompt row, and the response's fed-back tokens follow.
+        prompt_width = self.prompt_ids.shape[1]
+        joined = np.concatenate([self.prompt_ids[row_of // self.n], responses], axis=1)
+        lengths = prompts + counts - 1
         width = int(lengths.max())
-        real = np.arange(width) >= width - lengths[:, None]
-        ids = np.zeros(real.shape, dtype=np.int64)
-        ids[real] = np.fromiter(
-            chain.from_iterable(tokens for _, _, tokens in kept), np.int64, int(lengths.sum())
-        )
+        shift = width - lengths[:, None]  # right-aligned: token j of a row in column shift + j
+        real = np.arange(width) >= shift
+        source = np.clip(prompt_width - prompts[:, None] + np.arange(width) - shift, 0, None)
+        ids = np.where(real, np.take_along_axis(joined, source, axis=1), 0)
         # the ring column of each kept token: its row's span starts at ``start``
-        starts = np.fromiter((start for _, start, _ in kept), np.int64, len(kept))
-        columns = (starts[:, None] + np.arange(width) - (width - lengths[:, None])) % length
+        columns = (starts[:, None] + np.arange(width) - shift) % length
         ids, mask = torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64))
-        columns = torch.from_numpy(np.where(real, columns, 0))
-        at = torch.tensor([slot for slot, _, _ in kept], device=self.device).unsqueeze(1)
-        columns = columns.to(self.device)
+        columns = torch.from_numpy(np.where(real, columns, 0)).to(self.device)
+        at = torch.from_numpy(slot_of).to(self.device).unsqueeze(1)
+        # gathered as [k, W, KV, D] and kept as that tensor's [k, KV, W, D] view: the prefix
+        # cache reads it by index, so a copy into the view's own layout would be a wasted pass
         layers = [
-            tuple(
-                tensor[at, :, columns].transpose(1, 2).contiguous()
-                for tensor in (layer.keys, layer.values)
-            )
+            tuple(tensor[at, :, columns].transpose(1, 2) for tensor in (layer.keys, layer.values))
             for layer in self.ladder[0].cache.layers
         ]
         self.retained.append((ids, mask, layers))

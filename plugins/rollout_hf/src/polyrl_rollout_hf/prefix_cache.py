@@ -14,11 +14,12 @@ continuous-batching path, each row's prompt and response KV copied out of its de
 row ends (:class:`~polyrl_rollout_hf.continuous.ContinuousBatch` with ``retain``; the prompts'
 prefills are then not kept, since these extend them), so that the next turn prefills only the
 observation; each under a key of the prompt's length and a hash of its tokens, a hit being
-checked token by token. Only the latest call's entries are kept (the next turn's prompts extend
-them; older ones are dead), so the memory held between calls is one call's KV; a weight update
-drops everything (the KV was computed with the old weights), and so does
-:meth:`PrefixCache.clear` through the engine's ``reset_prefix_cache`` once a multi-turn rollout's
-episodes have had their last turn.
+checked token by token. The keys are computed in numpy's wrapping 64-bit arithmetic, without a
+modular division: every turn hashes every context on the host. Only the latest call's entries
+are kept (the next turn's prompts extend them; older ones are dead), so the memory held between
+calls is one call's KV; a weight update drops everything (the KV was computed with the old
+weights), and so does :meth:`PrefixCache.clear` through the engine's ``reset_prefix_cache`` once
+a multi-turn rollout's episodes have had their last turn.
 
 A continued prefill computes what a fresh one computes: the same forward over the same tokens at
 the same positions, with the earlier tokens' keys and values read instead of recomputed (equal up
@@ -31,13 +32,14 @@ them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
-# A prompt's key is its length and a polynomial hash of its tokens under two 31-bit primes
-# (products and sums stay inside int64); a hit is then checked token by token.
-_MODULI = (2**31 - 1, 2_147_483_629)
-_BASE = 1_000_003
+# A prompt's key is its length and a polynomial hash of its tokens modulo 2^64 (numpy's unsigned
+# arithmetic wraps); a hit is then checked token by token, so a collision costs a miss at most.
+_BASE = np.uint64(1_000_003)
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Hit:
 class _Entry:
     block: Block
     row: int
-    tokens: list[int]
+    tokens: Any  # the prompt's real tokens (a numpy row, or any sequence numpy compares)
     call: int
 
 
@@ -82,7 +84,7 @@ class PrefixCache:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._call = 0
-        self._powers = torch.ones((len(_MODULI), 1), dtype=torch.long)
+        self._powers = np.ones(1, dtype=np.uint64)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -99,37 +101,18 @@ class PrefixCache:
         self._entries.clear()
 
     # ---- keys ---------------------------------------------------------------------------------
-    def _power_table(self, width: int) -> torch.Tensor:
-        """``[moduli, width]``: base^k modulo each modulus."""
-        while self._powers.shape[1] < width:
-            moduli = torch.tensor(_MODULI).unsqueeze(1)
-            last = self._powers[:, -1:]
-            self._powers = torch.cat([self._powers, last * _BASE % moduli], dim=1)
-        return self._powers[:, :width]
-
-    def _terms(self, ids: torch.Tensor, mask: torch.Tensor, modulus_index: int) -> torch.Tensor:
-        """Each real token's term of the key under one modulus (``[P, W]``, 0 on padding):
-        ``(token + 1) * base^k`` for the row's ``k``-th real token."""
-        modulus = _MODULI[modulus_index]
-        real = mask.long()
-        index = (real.cumsum(dim=1) - 1).clamp(min=0)
-        powers = self._power_table(ids.shape[1])[modulus_index]
-        return (ids.long() % modulus + 1) * powers[index] % modulus * real
-
-    def _keys(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For left-padded ``ids``/``mask [P, W]`` (CPU): how many real tokens end at each
-        column and the key of those tokens (both ``[P, W]``)."""
-        key = torch.zeros(ids.shape, dtype=torch.long)
-        for m, modulus in enumerate(_MODULI):
-            key = key * 2**31 + self._terms(ids, mask, m).cumsum(dim=1) % modulus
-        return mask.long().cumsum(dim=1), key
-
-    def _row_keys(self, ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
-        """The key of each row's real tokens (``_keys``' last column, without the others)."""
-        key = torch.zeros(ids.shape[0], dtype=torch.long)
-        for m, modulus in enumerate(_MODULI):
-            key = key * 2**31 + self._terms(ids, mask, m).sum(dim=1) % modulus
-        return key.tolist()
+    def _terms(self, ids: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For left-padded ``ids``/``real [P, W]``: how many real tokens end at each column,
+        and each real token's term of the key, ``(token + 1) * base^k`` for the row's ``k``-th
+        real token (0 on padding)."""
+        count = real.cumsum(axis=1)
+        if self._powers.size < ids.shape[1]:
+            steps = np.full(ids.shape[1], _BASE, dtype=np.uint64)
+            steps[0] = 1
+            self._powers = np.cumprod(steps, dtype=np.uint64)
+        terms = (ids.astype(np.uint64) + np.uint64(1)) * self._powers[np.maximum(count - 1, 0)]
+        terms[~real] = 0
+        return count, terms
 
     # ---- lookup and store ---------------------------------------------------------------------
     def lookup(self, ids: torch.Tensor, mask: torch.Tensor) -> list[Hit | None]:
@@ -139,31 +122,35 @@ class PrefixCache:
         hits: list[Hit | None] = [None] * ids.shape[0]
         if not self._entries:
             return hits
-        count, key = self._keys(ids, mask)
-        lengths = torch.tensor(sorted({length for length, _ in self._entries}))
-        total = count[:, -1:]
-        candidate = mask.bool() & torch.isin(count, lengths) & (count < total)
-        rows, columns = candidate.nonzero(as_tuple=True)
+        tokens, real = ids.numpy(), mask.numpy() != 0
+        count, terms = self._terms(tokens, real)
+        key = terms.cumsum(axis=1, dtype=np.uint64)  # the key of the tokens up to each column
+        lengths = np.fromiter({length for length, _ in self._entries}, dtype=np.int64)
+        total = count[:, -1]
+        candidate = real & np.isin(count, lengths) & (count < total[:, None])
+        rows, columns = candidate.nonzero()
         found = zip(rows.tolist(), count[rows, columns].tolist(), key[rows, columns].tolist())
-        tokens: dict[int, list[int]] = {}
+        width = ids.shape[1]
         for r, length, row_key in found:
             entry = self._entries.get((length, row_key))
             best = hits[r]
             if entry is None or (best is not None and best.length >= length):
                 continue
-            if r not in tokens:
-                tokens[r] = ids[r, ids.shape[1] - int(total[r]) :].tolist()
-            if tokens[r][:length] == entry.tokens:
+            start = width - int(total[r])
+            if np.array_equal(tokens[r, start : start + length], entry.tokens):
                 hits[r] = Hit(entry.block, entry.row, length)
         return hits
 
     def store(self, ids: torch.Tensor, mask: torch.Tensor, block: Block) -> None:
         """Keep the prefill ``block`` of prompts ``ids``/``mask [P, W]`` (right-aligned, CPU,
         the columns of the block), each under its real tokens."""
-        lengths = mask.long().sum(dim=1).tolist()
-        keys = self._row_keys(ids, mask)
+        tokens, real = ids.numpy().copy(), mask.numpy() != 0  # the caller may reuse its ids
+        count, terms = self._terms(tokens, real)
+        lengths = count[:, -1].tolist()
+        keys = terms.sum(axis=1, dtype=np.uint64).tolist()
         width = ids.shape[1]
-        for r, row in enumerate(ids.tolist()):
-            if lengths[r]:
-                tokens = row[width - lengths[r] :]
-                self._entries[(lengths[r], keys[r])] = _Entry(block, r, tokens, self._call)
+        for r, (length, key) in enumerate(zip(lengths, keys, strict=True)):
+            if length:
+                self._entries[(length, key)] = _Entry(
+                    block, r, tokens[r, width - length :], self._call
+                )
