@@ -398,8 +398,9 @@ class HFRolloutEngine(RolloutEngine):
         fresh prefill of its row would have it: a row of ``length`` real tokens has token ``j``
         in column ``width - length + j`` (a kept block holds its rows right-aligned too, token
         ``j`` of a kept row of ``reused`` tokens in column ``block.width - reused + j``). The
-        other columns hold zeros or other kept columns, which the mask hides or the caller
-        overwrites."""
+        other columns hold other kept columns (every column of a row with a hit is written, so
+        the tensors start unset when every row has one) or, for a row without a hit, zeros,
+        which the mask hides or the caller overwrites."""
         by_block: dict[int, tuple[Block, list[int], list[int], list[int]]] = {}
         for row, hit in enumerate(hits):
             if hit is not None:
@@ -419,10 +420,12 @@ class HFRolloutEngine(RolloutEngine):
                     columns.clamp(0, block.width - 1).to(self.device),
                 )
             )
+        every_row = all(hit is not None for hit in hits)
         layers = []
         for index, (keys, _values) in enumerate(moves[0][0].layers):
             shape = (len(hits), keys.shape[1], width, keys.shape[3])
-            kept = [keys.new_zeros(shape), keys.new_zeros(shape)]
+            start = keys.new_empty if every_row else keys.new_zeros
+            kept = [start(shape), start(shape)]
             for block, targets, sources, columns in moves:
                 for which in (0, 1):
                     # [k, width, KV, D] -> [k, KV, width, D]

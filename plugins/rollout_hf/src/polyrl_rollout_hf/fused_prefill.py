@@ -5,12 +5,14 @@ after the KV the prefix cache kept (:mod:`polyrl_rollout_hf.prefix_cache`). At t
 transformers forward is mostly fixed cost: its 4D-mask construction, a key/value cache that
 concatenates past and new keys, the grouped KV heads repeated to every query head before SDPA
 (``repeat_kv``: the whole kept KV copied seven times for Qwen2-0.5B), and a gather that lays the
-result out as a fresh prefill's. Here the layers run the arithmetic of the fused decode step
-(:func:`~polyrl_rollout_hf.fused_step.before_attention`, ``after_attention``) over every new
-token at once, eagerly: the new tokens' keys and values are written straight into the last
-columns of a cache that already has the fresh prefill's layout, and attention folds each KV
-head's query heads and new tokens into one query axis, so the kept KV is read once and never
-copied.
+result out as a fresh prefill's. Here the layers run the fused decode step's own per-layer
+functions (:attr:`FusedDecodeStep.before`, ``after`` and ``head``: compiled wherever the step is,
+so each layer's norms, rotary embedding and gated MLP are a few fused kernels instead of dozens
+of eager ones over every new token; their row count is dynamic, so the decode ladder's shapes
+and every turn's token count share the compiled graphs) over every new token at once: the new
+tokens' keys and values are written straight into the last columns of a cache that already has
+the fresh prefill's layout, and attention folds each KV head's query heads and new tokens into
+one query axis, so the kept KV is read once and never copied.
 
 The operations and their order are transformers' (as for the decode step); only the batching
 of the attention differs, so the results equal the model's own forward up to rounding.
@@ -21,13 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from polyrl_rollout_hf.fused_step import (
-    FusedDecodeStep,
-    after_attention,
-    before_attention,
-    final_logits,
-    layer_weights,
-)
+from polyrl_rollout_hf.fused_step import FusedDecodeStep, layer_weights
 
 
 def attention_mask(mask: torch.Tensor, new: int, groups: int) -> torch.Tensor:
@@ -66,11 +62,11 @@ def continue_prefill(
     layers = zip(body.layers, step.layer_eps, caches, strict=True)
     for layer, eps, (keys, values) in layers:
         w = layer_weights(layer)
-        q, k, v = before_attention(x, cos, sin, w, eps, kv_heads, head_dim)
+        q, k, v = step.before(x, cos, sin, w, eps, kv_heads, head_dim)
         # [rows * T, KV, (G or 1), D] -> [rows, KV, (G *) T, D]
-        keys[:, :, width - new :] = k.view(rows, new, kv_heads, head_dim).transpose(1, 2)
-        values[:, :, width - new :] = v.view(rows, new, kv_heads, head_dim).transpose(1, 2)
-        grouped = q.view(rows, new, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
+        keys[:, :, width - new :] = k.reshape(rows, new, kv_heads, head_dim).transpose(1, 2)
+        values[:, :, width - new :] = v.reshape(rows, new, kv_heads, head_dim).transpose(1, 2)
+        grouped = q.reshape(rows, new, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
         attention = F.scaled_dot_product_attention(
             grouped.reshape(rows, kv_heads, groups * new, head_dim),
             keys,
@@ -79,6 +75,6 @@ def continue_prefill(
             scale=step.scaling,
         )
         attention = attention.view(rows, kv_heads, groups, new, head_dim).permute(0, 3, 1, 2, 4)
-        x = after_attention(x, attention.reshape(rows * new, -1), w, eps)
-    last = x.view(rows, new, -1)[:, -1]
-    return final_logits(last, body.norm.weight, step.model.lm_head.weight, step.eps)
+        x = step.after(x, attention.reshape(rows * new, -1), w, eps)
+    last = x.view(rows, new, -1)[:, -1].contiguous()  # the decode step's layout: no new graph
+    return step.head(last, body.norm.weight, step.model.lm_head.weight, step.eps)
