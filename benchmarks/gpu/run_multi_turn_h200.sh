@@ -11,7 +11,9 @@
 # Environment: RESULTS (folder for the logs and one JSON per side, /tmp/multi-turn-h200), BASELINE
 # (.baseline-mt: its plugins/rollout_hf/src and core/src go first on PYTHONPATH; the side is
 # skipped without the first), PARTS (tests baseline nocache current profile: which to run, in that
-# order; the default leaves out profile), RUNS (timed runs, 3), EPISODES (256).
+# order; the default leaves out profile; a part named again runs again, its files numbered from
+# its second run on: multi_turn_current_2.json, so that alternating sides share the machine),
+# RUNS (timed runs, 3), EPISODES (256).
 set -uo pipefail
 results=${RESULTS:-/tmp/multi-turn-h200}
 baseline=${BASELINE:-.baseline-mt}
@@ -27,7 +29,11 @@ bench() {  # side, extra arguments
         --out "$results/multi_turn_$side.json" "$@" 2>&1 |
         grep -v "Loading weights\|Writing model" | tee "$results/multi_turn_$side.log"
 }
+declare -A runs_of
 for part in ${PARTS:-tests baseline nocache current}; do
+    runs_of[$part]=$((${runs_of[$part]:-0} + 1))
+    label=$part
+    [ "${runs_of[$part]}" -gt 1 ] && label=${part}_${runs_of[$part]}
     case $part in
     tests)
         timeout 600 python3 -m pytest plugins/rollout_hf/tests/test_prefix_cache.py \
@@ -35,12 +41,12 @@ for part in ${PARTS:-tests baseline nocache current}; do
             tee "$results/cuda_tests.log" ;;
     baseline)
         if [ -d "$baseline/plugins/rollout_hf/src" ]; then
-            PYTHONPATH="$baseline/plugins/rollout_hf/src:$baseline/core/src:${PYTHONPATH:-}" bench baseline
+            PYTHONPATH="$baseline/plugins/rollout_hf/src:$baseline/core/src:${PYTHONPATH:-}" bench "$label"
         else
             echo "no baseline at $baseline: skipped"
         fi ;;
-    nocache) bench nocache --prefix-cache false ;;
-    current) bench current ;;
-    profile) bench profile --runs 1 --torch-profile 25 ;;  # where the multi side's time goes
+    nocache) bench "$label" --prefix-cache false ;;
+    current) bench "$label" ;;
+    profile) bench "$label" --runs 1 --torch-profile 25 ;;  # where the multi side's time goes
     esac
 done

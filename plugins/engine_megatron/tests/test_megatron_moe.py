@@ -321,9 +321,13 @@ def test_expert_parallel_ranks_equal_the_hf_model(tmp_path, family: str) -> None
         assert all(torch.equal(result["weights"][name], state[name]) for name in state)
 
 
-def test_polyrl_export_joins_the_expert_parallel_shards(tmp_path) -> None:
-    """A checkpoint of 2 expert-parallel ranks (a shard each, its own experts renumbered from
-    0, as the engine writes them) reads back as the HF model's weights."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_polyrl_export_joins_the_expert_parallel_shards(tmp_path, tp: int) -> None:
+    """A checkpoint of 2 expert-parallel ranks at TP=``tp`` (expert-parallel ranks carved out
+    of TP x DP), written as the engine writes it: the first lcm(TP, EP) ranks each write their
+    (TP rank, EP rank) shard, its own experts renumbered from 0, whole; reads back as the HF
+    model's weights."""
+    import math
     import os
 
     from omegaconf import OmegaConf
@@ -337,16 +341,19 @@ def test_polyrl_export_joins_the_expert_parallel_shards(tmp_path) -> None:
     model = _model("qwen3_moe")
     model.save_pretrained(tmp_path / "hf")
     hf = model.state_dict()
-    shape = GPTShape.from_hf_config(model.config, 1)
+    shape = GPTShape.from_hf_config(model.config, tp)
     stage = pipeline_stages(shape.num_layers, 1)[0]
     whole = stage_shards(hf_to_megatron(hf, shape), shape, stage)
     folder = tmp_path / "actor"
     folder.mkdir()
-    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, EXPERT: 2}
-    for rank in range(2):
-        local = local_experts(whole, shape.moe.num_experts, rank, 2)
-        state = {"model": {name: parts[0] for name, parts in local.items()}, "optimizer": None}
-        torch.save(state, folder / shard_name(0, 0, 1, rank, 2))
+    layout = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1, EXPERT: 2}
+    for rank in range(math.lcm(tp, 2)):
+        tp_rank, ep_rank = rank % tp, rank % 2
+        local = local_experts(whole, shape.moe.num_experts, ep_rank, 2)
+        weights = {name: parts[tp_rank] for name, parts in local.items()}
+        torch.save(
+            {"model": weights, "optimizer": None}, folder / shard_name(tp_rank, 0, 1, ep_rank, 2)
+        )
         extra = {**loop_state(0, None, torch.device("cpu")), "layout": layout}
         torch.save(extra, os.path.join(folder, EXTRA_STATE.format(rank=rank)))
     model_path = str(tmp_path / "hf")
@@ -372,29 +379,38 @@ def test_expert_sizes_are_checked_in_one_line() -> None:
     verl = (f"{node}.expert_model_parallel_size=8", f"{node}.expert_tensor_parallel_size=1")
     assert problems(*verl) == []
     assert problems(f"{node}.expert_model_parallel_size=3") == [
-        f"{node}.expert_model_parallel_size=3 does not divide the 8 data-parallel ranks of the "
-        f"actor (world size 8 = trainer.nnodes 1 x trainer.n_gpus_per_node 8); expert-parallel "
-        f"ranks are data-parallel replicas of the rest of the model"
+        f"{node}.expert_model_parallel_size=3 does not divide the 8 tensor x data-parallel ranks "
+        f"of a pipeline stage of the actor (world size 8 = trainer.nnodes 1 x "
+        f"trainer.n_gpus_per_node 8); megatron-core spreads the experts over them (expert "
+        f"tensor parallelism 1)"
     ]
     (line,) = problems(f"{node}.expert_tensor_parallel_size=2")
     assert line.startswith(f"{node}.expert_tensor_parallel_size=2 asks for MoE expert tensor")
 
 
-def test_expert_parallelism_with_tensor_parallelism_is_refused() -> None:
+def test_expert_parallelism_with_tensor_parallelism_is_checked_against_tp_x_dp() -> None:
+    """Expert-parallel ranks come out of a stage's TP x DP ranks (expert tensor parallelism 1):
+    verl's Qwen3-30B-A3B router-replay split (TP=2, EP=8 on 8 workers) validates."""
     from omegaconf import OmegaConf
 
     from polyrl.api.testing import schema_config
     from polyrl_engine_megatron.checks import check_config
 
     node = "actor_rollout_ref.actor.megatron"
-    given = [
-        "trainer.n_gpus_per_node=8",
-        f"{node}.tensor_model_parallel_size=2",
-        f"{node}.expert_model_parallel_size=4",
-    ]
-    (line,) = check_config(OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(given)))
+
+    def problems(tp: int, ep: int, pp: int = 1) -> list[str]:
+        given = [
+            "trainer.n_gpus_per_node=8",
+            f"{node}.tensor_model_parallel_size={tp}",
+            f"{node}.pipeline_model_parallel_size={pp}",
+            f"{node}.expert_model_parallel_size={ep}",
+        ]
+        return check_config(OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(given)))
+
+    assert problems(2, 8) == []
+    assert problems(2, 4, pp=2) == []
+    (line,) = problems(2, 8, pp=2)
     assert line.startswith(
-        f"{node}.expert_model_parallel_size=4 with tensor_model_parallel_size=2 asks for MoE "
-        f"expert parallelism with tensor parallelism (verl"
+        f"{node}.expert_model_parallel_size=8 does not divide the 4 tensor x data-parallel "
+        f"ranks of a pipeline stage of the actor"
     )
-    assert "polyrl does not support it: use tensor_model_parallel_size=1" in line

@@ -147,7 +147,7 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
         )
     for pp_rank in range(pp):
         ep = int(layout.get(EXPERT, 1))
-        shards = [_read_stage_shard(path, t, pp_rank, pp, ep, shape) for t in range(tp)]
+        shards = _read_stage_shards(path, tp, pp_rank, pp, ep, shape)
         # the rank's chunks: one, or (interleaved) chunk v under "<v>." at [v * pp + pp_rank]
         chunks = (
             [("", stages[pp_rank])]
@@ -177,23 +177,27 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
     return model
 
 
-def _read_stage_shard(
-    path: str, tp_rank: int, pp_rank: int, pp: int, ep: int, shape: GPTShape
-) -> dict[str, Any]:
-    """One tensor-parallel rank's weights of a stage; with expert parallelism, the dense ones
-    of its first expert-parallel rank and every rank's experts under the model's numbers."""
+def _read_stage_shards(
+    path: str, tp: int, pp_rank: int, pp: int, ep: int, shape: GPTShape
+) -> list[dict[str, Any]]:
+    """Each tensor-parallel rank's weights of a stage; with expert parallelism, every rank's
+    experts (whole on each TP rank) under the model's numbers. The engine writes one file per
+    (TP rank, EP rank) pair of the first lcm(TP, EP) ranks of a stage (expert-parallel ranks
+    are carved out of its TP x DP ranks): TP rank t's dense weights are in the file of EP rank
+    t % EP, EP rank e's experts in the file of TP rank e % TP."""
     if ep == 1:
-        return _read_shard(path, shard_name(tp_rank, pp_rank, pp))
+        return [_read_shard(path, shard_name(t, pp_rank, pp)) for t in range(tp)]
     per_rank = shape.moe.num_experts // ep if shape.moe else 0
-    merged: dict[str, Any] = {}
+    experts: dict[str, Any] = {}
     for ep_rank in range(ep):
-        shard = _read_shard(path, shard_name(tp_rank, pp_rank, pp, ep_rank, ep))
-        for name, tensor in shard.items():
-            if is_expert(name):
-                merged[global_expert_name(name, ep_rank, per_rank)] = tensor
-            elif ep_rank == 0:
-                merged[name] = tensor
-    return merged
+        shard = _read_shard(path, shard_name(ep_rank % tp, pp_rank, pp, ep_rank, ep))
+        experts.update(
+            (global_expert_name(name, ep_rank, per_rank), tensor)
+            for name, tensor in shard.items()
+            if is_expert(name)
+        )
+    dense = [_read_shard(path, shard_name(t, pp_rank, pp, t % ep, ep)) for t in range(tp)]
+    return [{**{n: w for n, w in shard.items() if not is_expert(n)}, **experts} for shard in dense]
 
 
 def _read_shard(path: str, name: str) -> dict[str, Any]:

@@ -167,18 +167,12 @@ def _world_problems(cfg: Any) -> list[str]:
                 f"{split} does not divide the {workers} workers of the {role} ({where}); the "
                 f"data-parallel size is workers / (tensor x pipeline parallel size)"
             )
-        elif experts > 1 and tensor_parallel > 1:
-            problems.append(
-                f"{node}.expert_model_parallel_size={experts} with tensor_model_parallel_size="
-                f"{tensor_parallel} asks for MoE expert parallelism with tensor parallelism "
-                f"(verl; megatron-core needs sequence parallelism for it); {NOT_SUPPORTED}: use "
-                f"tensor_model_parallel_size=1 for a MoE model (pipeline and expert parallelism)"
-            )
-        elif (workers // model_copy) % experts:
+        elif (workers // pipeline_parallel) % experts:
             problems.append(
                 f"{node}.expert_model_parallel_size={experts} does not divide the "
-                f"{workers // model_copy} data-parallel ranks of the {role} ({where}); "
-                f"expert-parallel ranks are data-parallel replicas of the rest of the model"
+                f"{workers // pipeline_parallel} tensor x data-parallel ranks of a pipeline stage "
+                f"of the {role} ({where}); megatron-core spreads the experts over them (expert "
+                f"tensor parallelism 1)"
             )
     if sizes["ref"] != sizes["actor"] and pool_of(cfg, "ref") == pool_of(cfg, "actor"):
         problems.append(

@@ -349,7 +349,9 @@ _COLUMN_SPLIT = (EMBEDDING, OUTPUT, "linear_qkv.weight", "linear_qkv.bias", "lin
 
 def split_dim(name: str) -> int | None:
     """The dimension along which tensor parallelism splits megatron-core weight ``name``; None
-    for a weight every rank holds whole (the norms)."""
+    for a weight every rank holds whole (the norms, the routed experts)."""
+    if mixture.is_expert(name):
+        return None
     if name.endswith(_COLUMN_SPLIT):
         return 0
     if name.endswith(_ROW_SPLIT):

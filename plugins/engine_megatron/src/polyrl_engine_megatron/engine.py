@@ -84,6 +84,7 @@ from polyrl_engine_megatron.moe import gathered_experts, is_expert, stack_expert
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+from polyrl_engine_megatron.sequence_parallel import has_partial_gradient, sum_partial_gradients
 from polyrl_engine_megatron.transformer_overrides import (
     Recompute,
     recompute_plan,
@@ -217,18 +218,12 @@ class MegatronEngine(TrainingEngine):
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.ep_rank = parallel_state.get_expert_model_parallel_rank()
         self.ep_group = parallel_state.get_expert_model_parallel_group() if self.ep > 1 else None
-        self.expert_dp_rank = parallel_state.get_expert_data_parallel_rank() if self.ep > 1 else 0
         self.grad_groups = GradientGroups(
             data_parallel=self.dp_group,
             data_parallel_size=self.dp_size,
-            expert_data_parallel=(
-                parallel_state.get_expert_data_parallel_group() if self.ep > 1 else self.dp_group
-            ),
-            expert_data_parallel_size=(
-                parallel_state.get_expert_data_parallel_world_size()
-                if self.ep > 1
-                else self.dp_size
-            ),
+            # the ranks holding the same experts: TP x DP / EP (expert tensor parallelism 1)
+            expert_data_parallel=parallel_state.get_expert_data_parallel_group(),
+            expert_data_parallel_size=parallel_state.get_expert_data_parallel_world_size(),
             expert_parallel=self.ep_group,
             tensor_parallel=self.tp_group if self.tp > 1 else None,
             pipeline_parallel=self.pp_group if self.pp > 1 else None,
@@ -243,13 +238,6 @@ class MegatronEngine(TrainingEngine):
                 f"a mixture-of-experts model's experts evenly over ranks; this "
                 f"{self.hf_config.model_type} model has {experts or 'no'} experts: use a divisor "
                 f"of the expert count, or 1"
-            )
-        if self.shape.moe and self.tp > 1:
-            raise ConfigError(
-                f"a {self.hf_config.model_type} model (mixture of experts) runs with "
-                f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 here (got "
-                f"{self.tp}): megatron-core splits MoE layers over tensor-parallel ranks with "
-                f"sequence parallelism, which this engine does not use; use pipeline parallelism"
             )
         overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
         self.split = StageSplit.from_overrides(overrides)
@@ -527,6 +515,9 @@ class MegatronEngine(TrainingEngine):
         ]
         params = [p for _, _, p in named]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if self.tp > 1:  # weights each TP rank holds whole, seeing its tokens or heads only
+            partial = [has_partial_gradient(n, p) for _, n, p in named]
+            sum_partial_gradients(grads, partial, self.tp_group)
         average_gradients([n for _, n, _ in named], grads, self.grad_groups)
         ends = [c for c in self.chunks if c.stage.is_first or c.stage.is_last]
         if self.shape.tied and self.pp > 1 and ends:
@@ -615,8 +606,10 @@ class MegatronEngine(TrainingEngine):
                 self.optimizer,
                 extra,
                 shard=self._shard(),
-                # the first copy of this rank's experts writes them (with the dense weights)
-                writes_shard=(self.expert_dp_rank if self.ep > 1 else self.mesh.dp_rank) == 0,
+                # the first ranks of a stage, one per (TP rank, EP rank) pair: every TP shard
+                # of the dense weights and every rank's experts written once
+                writes_shard=self.tp_rank + self.tp * self.mesh.dp_rank
+                < math.lcm(self.tp, self.ep),
             )
 
     def load_checkpoint(self, path: str) -> None:

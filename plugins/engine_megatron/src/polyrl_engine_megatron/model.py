@@ -38,6 +38,7 @@ from polyrl_engine_kit.compiling import recomputed_in_backward
 from polyrl_engine_megatron.attention import sdpa_core_attention
 from polyrl_engine_megatron.convert import GPTShape, PipelineStage, hf_to_megatron, stage_shards
 from polyrl_engine_megatron.moe import local_experts
+from polyrl_engine_megatron.sequence_parallel import norm_class
 from polyrl_engine_megatron.transformer_overrides import Recompute
 
 
@@ -51,7 +52,8 @@ def init_model_parallel(
     """megatron-core's process groups on the default group (once per process: the actor and
     the reference of one worker share them) and its tensor-parallel RNG tracker; ``virtual``:
     model chunks per stage (interleaved pipeline parallelism); ``expert_parallel``: ranks a MoE
-    layer's experts are spread over (expert tensor parallelism 1)."""
+    layer's experts are spread over, out of the TP x DP ranks of a stage (expert tensor
+    parallelism 1: each expert whole on its rank)."""
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as mcore_tp
 
@@ -74,7 +76,7 @@ def init_model_parallel(
         pipeline_model_parallel_size=pipeline_parallel,
         virtual_pipeline_model_parallel_size=virtual,
         expert_model_parallel_size=expert_parallel,
-        expert_tensor_parallel_size=1 if expert_parallel > 1 else None,
+        expert_tensor_parallel_size=1,
     )
     mcore_tp.model_parallel_cuda_manual_seed(seed)
 
@@ -109,11 +111,10 @@ def transformer_config_kwargs(
         "tensor_model_parallel_size": shape.tensor_parallel,
         "pipeline_model_parallel_size": pipeline_parallel,
         "virtual_pipeline_model_parallel_size": virtual,
-        **(
-            {"expert_model_parallel_size": expert_parallel, "expert_tensor_parallel_size": 1}
-            if expert_parallel > 1
-            else {}
-        ),
+        "expert_model_parallel_size": expert_parallel,
+        "expert_tensor_parallel_size": 1,
+        # megatron-core's MoE layers over TP ranks need it; a dense model computes the same
+        "sequence_parallel": shape.tensor_parallel > 1,
         "pipeline_dtype": torch.float32,
         "variable_seq_lengths": True,
         # megatron-core refuses variable_seq_lengths with its default (allgather) MoE
@@ -186,6 +187,10 @@ def build_gpt_model(
     ``stage`` is model chunk ``chunk`` of this rank."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     device = device or torch.device("cuda", torch.cuda.current_device())
@@ -204,10 +209,17 @@ def build_gpt_model(
         moe_grouped_gemm=False,
         qk_layernorm=shape.qk_norm,
     )
-    spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = sdpa_core_attention()
+    # torch's RMSNorm with megatron-core's sequence-parallel mark (:mod:`.sequence_parallel`)
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = norm_class()
+    if shape.qk_norm:
+        attention.q_layernorm = attention.k_layernorm = norm_class()
+    layers = get_num_layers_to_build(config, vp_stage=chunk)
+    block = TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=norm_class())
     model = GPTModel(
         config,
-        spec,
+        block,
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=int(hf_config.max_position_embeddings),
         share_embeddings_and_output_weights=shape.tied,

@@ -14,12 +14,14 @@ mlp.shared_expert_gate.weight                   mlp.shared_experts.gate_weight (
 self_attn.{q,k}_norm.weight (Qwen3-MoE)         self_attention.{q,k}_layernorm.weight
 ==============================================  ==============================================
 
-The experts' and the shared expert's ``linear_fc1`` / ``linear_fc2`` split over tensor-parallel
-ranks as a dense MLP's (expert tensor parallelism = tensor parallelism; expert parallelism 1:
-every rank holds every expert). The HF routing (softmax over all experts in float32, top-k,
-renormalised when ``norm_topk_prob``) is megatron-core's softmax router with
-``moe_router_pre_softmax`` (softmax, then top-k, not renormalised) or without it (top-k of the
-logits, then softmax over them: the renormalised weights). No token is dropped and no auxiliary
+The shared expert's ``linear_fc1`` / ``linear_fc2`` split over tensor-parallel ranks as a dense
+MLP's; the routed experts are whole on every rank that holds them (expert tensor parallelism 1,
+verl's scripts' setting: with sequence parallelism each TP rank routes its own tokens, and
+expert parallelism spreads the experts over the TP x DP ranks of a stage). The HF routing
+(softmax over all experts in float32, top-k, renormalised when ``norm_topk_prob``) is
+megatron-core's softmax router with ``moe_router_pre_softmax`` (softmax, then top-k, not
+renormalised) or without it (top-k of the logits, then softmax over them: the renormalised
+weights). No token is dropped and no auxiliary
 loss is added unless ``megatron.override_transformer_config`` asks for it.
 
 Streaming back, each expert's weights come one at a time; :func:`stack_experts` joins a layer's
@@ -110,11 +112,10 @@ def moe_to_megatron(
     src, dst = f"model.layers.{layer}.mlp.", f"decoder.layers.{layer}.mlp."
     out = {dst + "router.weight": [hf[src + "gate.weight"].clone() for _ in range(tp)]}
     gate_up, down = hf[src + "experts.gate_up_proj"], hf[src + "experts.down_proj"]
-    for e in range(moe.num_experts):
-        gate, up = gate_up[e].chunk(2)
+    for e in range(moe.num_experts):  # whole on every TP rank (expert tensor parallelism 1)
         expert = f"{dst}experts.local_experts.{e}."
-        out[expert + "linear_fc1.weight"] = _gate_up(gate, up, tp)
-        out[expert + "linear_fc2.weight"] = [p.clone() for p in down[e].chunk(tp, dim=1)]
+        out[expert + "linear_fc1.weight"] = [gate_up[e].clone() for _ in range(tp)]
+        out[expert + "linear_fc2.weight"] = [down[e].clone() for _ in range(tp)]
     if moe.shared_ffn_hidden_size:
         shared = src + "shared_expert."
         out[dst + "shared_experts.linear_fc1.weight"] = _gate_up(
@@ -133,8 +134,9 @@ def moe_to_hf(
     leaf: str, shards: Sequence[torch.Tensor], hf_layer: str
 ) -> Iterator[tuple[str, torch.Tensor]] | None:
     """The HF weights of the MoE block's megatron-core weight ``leaf`` (below
-    ``decoder.layers.i.``), from its tensor-parallel shards; an expert's under a per-expert
-    name that :func:`stack_experts` joins. None for a leaf outside the MoE block."""
+    ``decoder.layers.i.``), from its tensor-parallel shards; an expert's (whole on each rank:
+    the first) under a per-expert name that :func:`stack_experts` joins. None for a leaf
+    outside the MoE block."""
     mlp = hf_layer + "mlp."
     if leaf == "mlp.router.weight":
         return iter([(mlp + "gate.weight", shards[0])])
@@ -146,17 +148,14 @@ def moe_to_hf(
     if found is None:
         return None
     expert, fc = found.group(2), found.group(3)
+    if expert:
+        hf_fc = "down_proj" if fc == "linear_fc2" else "gate_up_proj"
+        return iter([(f"{mlp}experts.{expert}.{hf_fc}", shards[0])])
     if fc == "linear_fc2":
-        down = torch.cat(list(shards), dim=1)
-        name = (
-            f"{mlp}experts.{expert}.down_proj" if expert else f"{mlp}shared_expert.down_proj.weight"
-        )
-        return iter([(name, down)])
+        return iter([(f"{mlp}shared_expert.down_proj.weight", torch.cat(list(shards), dim=1))])
     halves = [shard.chunk(2) for shard in shards]
     gate = torch.cat([g for g, _ in halves])
     up = torch.cat([u for _, u in halves])
-    if expert:
-        return iter([(f"{mlp}experts.{expert}.gate_up_proj", torch.cat([gate, up]))])
     shared = mlp + "shared_expert."
     return iter([(shared + "gate_proj.weight", gate), (shared + "up_proj.weight", up)])
 

@@ -17,6 +17,9 @@ compiled), with the vocabulary split through
 rank's vocabulary slice of the logits and :mod:`.vocab_parallel` scores them. The hook returns
 the scores as one tensor, ``[1 or 2, ...]`` (log-probs, then the entropy when asked for), which
 megatron-core hands to the loss function.
+
+With TP > 1 the model runs sequence-parallel (:mod:`.sequence_parallel`): the rows are padded
+to a multiple of TP tokens and the hook gathers the sequence before picking the positions.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from polyrl.api import Batch
 from polyrl_engine_kit.fused_logprob import linear_log_prob
@@ -34,6 +38,7 @@ from polyrl_engine_kit.packing import pack_rows, unpack
 from polyrl_engine_kit.scoring import model_inputs, pad_to_response
 from polyrl_engine_megatron.attention import attention_mask, packed_layout, padded_layout
 from polyrl_engine_megatron.convert import GPTShape
+from polyrl_engine_megatron.sequence_parallel import full_sequence, pad_columns, pad_packed
 from polyrl_engine_megatron.vocab_parallel import (
     vocab_parallel_linear_log_prob,
     vocab_parallel_logprob_entropy,
@@ -62,6 +67,7 @@ class ScoringPaths:
     fused: bool  # log-probs from the hidden states (use_fused_kernels, packed)
     vocab_split: bool  # the output embedding's rows split over TP ranks (TP > 1)
     compiled: bool  # the fused one-rank statistics through torch.compile (use_torch_compile)
+    sequence_parallel: bool  # the sequence split over TP ranks (TP > 1)
 
     @classmethod
     def choose(
@@ -74,6 +80,7 @@ class ScoringPaths:
             fused=fused,
             vocab_split=tp > 1,
             compiled=fused and torch_compile and tp == 1,
+            sequence_parallel=tp > 1,
         )
 
 
@@ -98,6 +105,9 @@ class Scorer:
         def score(
             hidden_states: torch.Tensor, output_layer: Any, output_weight: Any, **_: Any
         ) -> torch.Tensor:
+            # logits of this rank's vocabulary slice give a partial gradient; the fused path
+            # sums it over the TP group itself
+            hidden_states = self._full(hidden_states, partial=not self.paths.fused)
             log_prob, ent = self._score(
                 rows.select(hidden_states),
                 output_layer,
@@ -119,17 +129,29 @@ class Scorer:
         rows = self._rows(micro)
 
         def score(hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
+            hidden_states = self._full(hidden_states, partial=False)  # a replicated head
             return value_head(rows.select(hidden_states))[..., 0].float().unsqueeze(0)
 
         output = model(*rows.inputs, packed_seq_params=rows.layout, output_processor=score)
         return output, rows.to_response
+
+    def _full(self, hidden: torch.Tensor, partial: bool) -> torch.Tensor:
+        """The last stage's hidden states over the whole sequence (gathered over the TP group
+        when it is split)."""
+        if not self.paths.sequence_parallel:
+            return hidden
+        return full_sequence(hidden, self.tp_group, gradient_is_partial=partial)
+
+    def _multiple(self) -> int:
+        """What the sequence length must be a multiple of (TP with sequence parallelism)."""
+        return self.shape.tensor_parallel if self.paths.sequence_parallel else 1
 
     def _rows(self, micro: Batch) -> _Rows:
         """The model inputs of ``micro`` in the chosen layout, and how its scores come back."""
         width = micro["responses"].shape[1]
         if self.paths.packed:
             ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
-            packed = pack_rows(ids, mask, width)
+            packed = pad_packed(pack_rows(ids, mask, width), self._multiple())
 
             def to_packed_response(
                 scores: torch.Tensor,
@@ -151,13 +173,12 @@ class Scorer:
             ent = scores[1] if len(scores) > 1 else None
             return pad_to_response(scores[0], ent, response_attention, kept)
 
+        ids, positions, padding = pad_columns(
+            trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask, self._multiple()
+        )
         return _Rows(
-            inputs=(
-                trimmed.input_ids,
-                trimmed.position_ids,
-                attention_mask(trimmed.attention_mask),
-            ),
-            layout=padded_layout(trimmed.position_ids, self.shape.head_dim, self.shape.rope_theta),
+            inputs=(ids, positions, attention_mask(padding)),
+            layout=padded_layout(positions, self.shape.head_dim, self.shape.rope_theta),
             labels=trimmed.labels,
             # [b, kept, hidden]
             select=lambda hidden: hidden[-(kept + 1) : -1].transpose(0, 1),
@@ -196,7 +217,11 @@ class Scorer:
             if ent is not None and entropy == EntropyMode.DETACHED:
                 ent = ent.detach()
             return log_prob, ent
-        logits, _ = output_layer(hidden, weight=output_weight)
+        if self.paths.sequence_parallel:  # gathered already: not again by the output layer
+            weight = output_layer.weight if output_weight is None else output_weight
+            logits = F.linear(hidden, weight)
+        else:
+            logits, _ = output_layer(hidden, weight=output_weight)
         return vocab_parallel_logprob_entropy(
             logits,
             labels,
