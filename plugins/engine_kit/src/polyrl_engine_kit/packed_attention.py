@@ -48,12 +48,13 @@ def _varlen_causal(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    cu: torch.Tensor,
-    max_len: int,
+    cu: tuple[torch.Tensor, torch.Tensor],
+    max_len: tuple[int, int],
     scale: float,
 ) -> torch.Tensor | None:
-    """``[T, H, D]`` flash varlen attention, or None where this torch lacks a causal form or
-    the dtype is not one flash attention takes."""
+    """``[T, H, D]`` flash varlen attention (``cu`` and ``max_len``: the queries' and the keys'
+    boundaries and longest segment), or None where this torch lacks a causal form or the dtype
+    is not one flash attention takes."""
     if _VARLEN_ATTN is None or query.dtype not in (torch.bfloat16, torch.float16):
         return None
     causal = dict(_CAUSAL)
@@ -64,21 +65,38 @@ def _varlen_causal(
             repeat = query.shape[1] // key.shape[1]
             key = key.repeat_interleave(repeat, dim=1)
             value = value.repeat_interleave(repeat, dim=1)
-    return _VARLEN_ATTN(query, key, value, cu, cu, max_len, max_len, scale=scale, **causal)
+    return _VARLEN_ATTN(query, key, value, *cu, *max_len, scale=scale, **causal)
 
 
 def _per_sequence_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: list[int], scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: tuple[list[int], list[int]],
+    scale: float,
 ) -> torch.Tensor:
-    """``[T, H, D]`` queries, ``[T, G, D]`` keys and values; causal SDPA on each sequence's
-    slice; ``[T, H, D]`` out."""
+    """``[T, H, D]`` queries, ``[T_k, G, D]`` keys and values, the queries' and the keys'
+    boundaries; causal SDPA (aligned at the segments' ends) on each segment's slices; ``[T, H,
+    D]`` out."""
     outputs = []
     groups = query.shape[1] // key.shape[1]
-    for start, stop in itertools.pairwise(cu):
+    for (start, stop), (key_start, key_stop) in zip(
+        itertools.pairwise(cu[0]), itertools.pairwise(cu[1]), strict=True
+    ):
         q = query[start:stop].transpose(0, 1)
-        k = key[start:stop].transpose(0, 1).repeat_interleave(groups, dim=0)
-        v = value[start:stop].transpose(0, 1).repeat_interleave(groups, dim=0)
-        outputs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))
+        k = key[key_start:key_stop].transpose(0, 1).repeat_interleave(groups, dim=0)
+        v = value[key_start:key_stop].transpose(0, 1).repeat_interleave(groups, dim=0)
+        shift = (key_stop - key_start) - (stop - start)
+        allowed = None
+        if shift:  # is_causal aligns the mask at the start
+            allowed = torch.ones(
+                (stop - start, key_stop - key_start), dtype=torch.bool, device=q.device
+            ).tril(diagonal=shift)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, is_causal=not shift, scale=scale
+            )
+        )
     return torch.cat(outputs, dim=1).transpose(0, 1)
 
 
@@ -89,15 +107,24 @@ def causal_packed_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float,
+    keys: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention inside each sequence of a packed row: ``[T, H, D]`` queries, ``[T, G,
     D]`` keys and values (``G`` divides ``H``), sequence boundaries ``cu_seqlens`` ``[n + 1]``
-    (int32); ``[T, H, D]`` out. Flash varlen on CUDA in bf16/fp16, else SDPA per sequence."""
+    (int32); ``[T, H, D]`` out. Flash varlen on CUDA in bf16/fp16, else SDPA per sequence.
+
+    ``keys``: the keys' own boundaries and longest segment where a segment's queries are the
+    last of its keys (context parallelism: a chunk of a sequence attends over the sequence up to
+    the chunk's end); the causal mask is then aligned at the segments' ends, as flash
+    attention aligns it."""
+    cu_keys, max_keys = keys if keys is not None else (cu_seqlens, max_seqlen)
     out = None
     if query.is_cuda:
-        out = _varlen_causal(query, key, value, cu_seqlens, max_seqlen, scale)
+        out = _varlen_causal(
+            query, key, value, (cu_seqlens, cu_keys), (max_seqlen, max_keys), scale
+        )
     if out is None:
-        out = _per_sequence_sdpa(query, key, value, cu_seqlens.tolist(), scale)
+        out = _per_sequence_sdpa(query, key, value, (cu_seqlens.tolist(), cu_keys.tolist()), scale)
     return out
 
 

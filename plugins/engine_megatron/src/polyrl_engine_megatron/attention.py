@@ -22,6 +22,11 @@ of every query through a zero weight, so the engine lets each position attend to
 A packed row (padding-free, the micro-batch's real tokens end to end) needs no mask: the
 sequences' boundaries go to torch's variable-length flash attention, which skips every
 cross-sequence block (:func:`polyrl_engine_kit.packed_attention.causal_packed_attention`).
+
+With context parallelism (:mod:`.context_parallel`) the layout also carries the gather of the
+group's keys and values: padded rows' mask is then this rank's query rows over the gathered
+columns, and a packed row's query segments (chunks of sequences) each attend over the keys of
+their sequence up to their end.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 
 from polyrl_engine_kit.packed_attention import causal_packed_attention
 from polyrl_engine_kit.packing import PackedRows
+from polyrl_engine_megatron.context_parallel import KeyValueGather, PackedSplit
 
 
 def attention_mask(padding: torch.Tensor) -> torch.Tensor:
@@ -91,28 +97,69 @@ def sequence_layout_class() -> type:
     class SequenceLayout(PackedSeqParams):
         rope_cos: torch.Tensor | None = None
         rope_sin: torch.Tensor | None = None
+        # context parallelism: the keys and values this rank's queries attend over
+        key_values: KeyValueGather | None = None
 
     return SequenceLayout
 
 
-def padded_layout(positions: torch.Tensor, head_dim: int, theta: float) -> Any:
+def padded_layout(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    key_values: KeyValueGather | None = None,
+) -> Any:
     """The layout of padded rows ``[b, s]`` with these positions (tables ``[s, b, 1, d]``, as
-    megatron-core's ``[s, b, heads, d]`` queries)."""
+    megatron-core's ``[s, b, heads, d]`` queries); ``key_values``: under context parallelism,
+    the gather of the group's keys and values (their columns in gathered order)."""
     cos, sin = rotary_tables(positions.transpose(0, 1).unsqueeze(2), head_dim, theta)
-    return sequence_layout_class()(qkv_format="sbhd", rope_cos=cos, rope_sin=sin)
+    return sequence_layout_class()(
+        qkv_format="sbhd", rope_cos=cos, rope_sin=sin, key_values=key_values
+    )
 
 
 def packed_layout(packed: PackedRows, head_dim: int, theta: float) -> Any:
     """The layout of one packed row (tables ``[T, 1, d]``, as the ``[T, heads, d]`` queries)."""
-    cos, sin = rotary_tables(packed.position_ids[0].unsqueeze(1), head_dim, theta)
+    return _thd_layout(
+        packed.position_ids[0], head_dim, theta, packed.cu_seqlens, packed.max_seqlen
+    )
+
+
+def context_packed_layout(split: PackedSplit, head_dim: int, theta: float, group: Any) -> Any:
+    """The layout of this rank's share of a packed row under context parallelism
+    (:meth:`.context_parallel.ContextParallel.split_packed`): its query segments, and for each
+    the group's keys up to the segment's end."""
+    return _thd_layout(
+        split.positions,
+        head_dim,
+        theta,
+        split.cu_seqlens_q,
+        split.max_seqlen_q,
+        keys=(split.cu_seqlens_kv, split.max_seqlen_kv),
+        key_values=KeyValueGather(group, split.key_index),
+    )
+
+
+def _thd_layout(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    keys: tuple[torch.Tensor, int] | None = None,
+    key_values: KeyValueGather | None = None,
+) -> Any:
+    cos, sin = rotary_tables(positions.unsqueeze(1), head_dim, theta)
+    cu_keys, max_keys = keys if keys is not None else (cu_seqlens, max_seqlen)
     return sequence_layout_class()(
         qkv_format="thd",
-        cu_seqlens_q=packed.cu_seqlens,
-        cu_seqlens_kv=packed.cu_seqlens,
-        max_seqlen_q=packed.max_seqlen,
-        max_seqlen_kv=packed.max_seqlen,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_keys,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_keys,
         rope_cos=cos,
         rope_sin=sin,
+        key_values=key_values,
     )
 
 
@@ -155,6 +202,8 @@ def sdpa_core_attention() -> type:
             query = rotate(query, layout.rope_cos, layout.rope_sin, dtype)
             key = rotate(key, layout.rope_cos, layout.rope_sin, dtype)
             value = value.to(dtype)
+            if layout.key_values is not None:
+                key, value = layout.key_values(key, value)
             if packed:
                 context = causal_packed_attention(
                     query,
@@ -163,6 +212,7 @@ def sdpa_core_attention() -> type:
                     layout.cu_seqlens_q,
                     int(layout.max_seqlen_q),
                     self.softmax_scale,
+                    keys=(layout.cu_seqlens_kv, int(layout.max_seqlen_kv)),
                 )
                 return context.reshape(context.shape[0], -1)
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]

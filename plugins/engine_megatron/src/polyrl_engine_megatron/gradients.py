@@ -26,7 +26,12 @@ from polyrl_engine_megatron.moe import is_expert
 
 @dataclass(frozen=True)
 class GradientGroups:
-    """The process groups (None: a group of one) over which gradients are reduced."""
+    """The process groups (None: a group of one) over which gradients are reduced.
+
+    With context parallelism each rank's gradient is its tokens' share of its replica's
+    gradient: ``data_parallel`` is then megatron-core's data-parallel group with the
+    context-parallel ranks (the shares summed, the replicas with them), and the sum is divided
+    by ``data_parallel_size``, the replicas alone."""
 
     data_parallel: Any = None
     data_parallel_size: int = 1
@@ -35,17 +40,54 @@ class GradientGroups:
     expert_parallel: Any = None
     tensor_parallel: Any = None
     pipeline_parallel: Any = None
+    context_parallel_size: int = 1
+
+    @classmethod
+    def from_parallel_state(cls, expert_parallel: int) -> GradientGroups:
+        """The groups of megatron-core's parallel state (initialised) for this rank."""
+        from megatron.core import parallel_state as ps
+
+        context = ps.get_context_parallel_world_size()
+        with_context = ps.get_data_parallel_group(with_context_parallel=True)
+        experts = expert_parallel > 1
+        return cls(
+            data_parallel=with_context,
+            data_parallel_size=ps.get_data_parallel_world_size(),
+            expert_data_parallel=(ps.get_expert_data_parallel_group() if experts else with_context),
+            expert_data_parallel_size=(
+                ps.get_expert_data_parallel_world_size()
+                if experts
+                else ps.get_data_parallel_world_size(with_context_parallel=True)
+            ),
+            expert_parallel=ps.get_expert_model_parallel_group() if experts else None,
+            tensor_parallel=(
+                ps.get_tensor_model_parallel_group()
+                if ps.get_tensor_model_parallel_world_size() > 1
+                else None
+            ),
+            pipeline_parallel=(
+                ps.get_pipeline_model_parallel_group()
+                if ps.get_pipeline_model_parallel_world_size() > 1
+                else None
+            ),
+            context_parallel_size=context,
+        )
 
 
 def average_gradients(
     names: Sequence[str], grads: Sequence[torch.Tensor], groups: GradientGroups
 ) -> None:
-    """Every gradient the mean over the data-parallel replicas' losses, in place."""
+    """Every gradient the mean over the data-parallel replicas' losses (each the sum of its
+    context-parallel ranks' shares), in place."""
     handles = []
     for name, grad in zip(names, grads):
         expert = is_expert(name)
         group = groups.expert_data_parallel if expert else groups.data_parallel
-        size = groups.expert_data_parallel_size if expert else groups.data_parallel_size
+        size = (
+            groups.expert_data_parallel_size
+            if expert
+            else groups.data_parallel_size * groups.context_parallel_size
+        )
         if size > 1:
             handles.append(dist.all_reduce(grad, group=group, async_op=True))
     for handle in handles:

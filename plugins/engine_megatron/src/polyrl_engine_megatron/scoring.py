@@ -36,7 +36,13 @@ from polyrl_engine_kit.fused_logprob import linear_log_prob
 from polyrl_engine_kit.logprob import EntropyMode
 from polyrl_engine_kit.packing import pack_rows, unpack
 from polyrl_engine_kit.scoring import model_inputs, pad_to_response
-from polyrl_engine_megatron.attention import attention_mask, packed_layout, padded_layout
+from polyrl_engine_megatron.attention import (
+    attention_mask,
+    context_packed_layout,
+    packed_layout,
+    padded_layout,
+)
+from polyrl_engine_megatron.context_parallel import ContextParallel, KeyValueGather
 from polyrl_engine_megatron.convert import GPTShape
 from polyrl_engine_megatron.sequence_parallel import full_sequence, pad_columns, pad_packed
 from polyrl_engine_megatron.vocab_parallel import (
@@ -59,6 +65,8 @@ class _Rows:
     labels: torch.Tensor
     select: Callable[[torch.Tensor], torch.Tensor]
     to_response: ToResponse
+    # context parallelism: this rank's scores -> the whole micro-batch's (ScoreShare.spread)
+    spread: Callable[[torch.Tensor], torch.Tensor] = lambda scores: scores
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class Scorer:
     compute_dtype: torch.dtype
     tp_group: Any
     device: torch.device
+    context: ContextParallel | None = None  # context parallelism (None: off)
 
     def forward(
         self, model: Any, micro: Batch, *, temperature: float, entropy: EntropyMode
@@ -116,7 +125,8 @@ class Scorer:
                 temperature,
                 entropy,
             )
-            return log_prob.unsqueeze(0) if ent is None else torch.stack((log_prob, ent))
+            scores = log_prob.unsqueeze(0) if ent is None else torch.stack((log_prob, ent))
+            return rows.spread(scores)
 
         output = model(*rows.inputs, packed_seq_params=rows.layout, output_processor=score)
         return output, rows.to_response
@@ -130,7 +140,7 @@ class Scorer:
 
         def score(hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
             hidden_states = self._full(hidden_states, partial=False)  # a replicated head
-            return value_head(rows.select(hidden_states))[..., 0].float().unsqueeze(0)
+            return rows.spread(value_head(rows.select(hidden_states))[..., 0].float().unsqueeze(0))
 
         output = model(*rows.inputs, packed_seq_params=rows.layout, output_processor=score)
         return output, rows.to_response
@@ -142,23 +152,27 @@ class Scorer:
             return hidden
         return full_sequence(hidden, self.tp_group, gradient_is_partial=partial)
 
+    def _rows(self, micro: Batch) -> _Rows:
+        """The model inputs of ``micro`` in the chosen layout, and how its scores come back."""
+        if self.paths.packed:
+            return self._packed_rows(micro)
+        return self._padded_rows(micro)
+
     def _multiple(self) -> int:
         """What the sequence length must be a multiple of (TP with sequence parallelism)."""
         return self.shape.tensor_parallel if self.paths.sequence_parallel else 1
 
-    def _rows(self, micro: Batch) -> _Rows:
-        """The model inputs of ``micro`` in the chosen layout, and how its scores come back."""
+    def _packed_rows(self, micro: Batch) -> _Rows:
         width = micro["responses"].shape[1]
-        if self.paths.packed:
-            ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
-            packed = pad_packed(pack_rows(ids, mask, width), self._multiple())
+        ids, mask = micro["input_ids"].to(self.device), micro["attention_mask"].to(self.device)
+        packed = pack_rows(ids, mask, width)
 
-            def to_packed_response(
-                scores: torch.Tensor,
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-                ent = unpack(scores[1], packed) if len(scores) > 1 else None
-                return unpack(scores[0], packed), ent
+        def to_packed_response(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            ent = unpack(scores[1], packed) if len(scores) > 1 else None
+            return unpack(scores[0], packed), ent
 
+        if self.context is None:
+            packed = pad_packed(packed, self._multiple())
             return _Rows(
                 inputs=(packed.input_ids, packed.position_ids, None),
                 layout=packed_layout(packed, self.shape.head_dim, self.shape.rope_theta),
@@ -166,6 +180,27 @@ class Scorer:
                 select=lambda hidden: hidden[packed.score_index, 0],  # [M, hidden]
                 to_response=to_packed_response,
             )
+        # context parallelism: this rank's chunks of each sequence (padded to 2 x CP chunks)
+        split = self.context.split_packed(packed.cu_seqlens, self._multiple())
+        padded_ids = packed.input_ids.new_zeros(split.padded)
+        padded_ids[split.real] = packed.input_ids[0]
+        scored = torch.full((split.padded,), -1, dtype=torch.long, device=self.device)
+        scored[split.real[packed.score_index]] = torch.arange(
+            len(packed.labels), device=self.device
+        )
+        share = self.context.share(scored[split.local], len(packed.labels))
+        return _Rows(
+            inputs=(padded_ids[split.local].unsqueeze(0), split.positions.unsqueeze(0), None),
+            layout=context_packed_layout(
+                split, self.shape.head_dim, self.shape.rope_theta, self.context.group
+            ),
+            labels=packed.labels[share.slots],
+            select=lambda hidden: hidden[share.rows, 0],  # [this rank's scored, hidden]
+            to_response=to_packed_response,
+            spread=share.spread,
+        )
+
+    def _padded_rows(self, micro: Batch) -> _Rows:
         trimmed, _, response_attention = model_inputs(micro, self.device)
         kept = trimmed.kept_response
 
@@ -173,16 +208,36 @@ class Scorer:
             ent = scores[1] if len(scores) > 1 else None
             return pad_to_response(scores[0], ent, response_attention, kept)
 
-        ids, positions, padding = pad_columns(
-            trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask, self._multiple()
-        )
+        theta, head_dim = self.shape.rope_theta, self.shape.head_dim
+        if self.context is None:
+            ids, positions, padding = pad_columns(
+                trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask, self._multiple()
+            )
+            return _Rows(
+                inputs=(ids, positions, attention_mask(padding)),
+                layout=padded_layout(positions, head_dim, theta),
+                labels=trimmed.labels,
+                # [b, kept, hidden]
+                select=lambda hidden: hidden[-(kept + 1) : -1].transpose(0, 1),
+                to_response=to_padded_response,
+            )
+        # context parallelism: this rank's columns (padded to 2 x CP chunks) over every rank's
+        width = trimmed.input_ids.shape[1]
+        split = self.context.split_padded(width, self._multiple())
+        padding = F.pad(trimmed.attention_mask, (0, split.padded - width))
+        masked = attention_mask(padding)[:, :, split.local][..., split.gathered]
+        positions = split.pad(trimmed.position_ids)
+        slots = split.local - (width - kept - 1)  # the columns that predict a response token
+        slots[(slots < 0) | (slots >= kept)] = -1
+        share = self.context.share(slots, kept)
         return _Rows(
-            inputs=(ids, positions, attention_mask(padding)),
-            layout=padded_layout(positions, self.shape.head_dim, self.shape.rope_theta),
-            labels=trimmed.labels,
-            # [b, kept, hidden]
-            select=lambda hidden: hidden[-(kept + 1) : -1].transpose(0, 1),
+            inputs=(split.pad(trimmed.input_ids), positions, masked),
+            layout=padded_layout(positions, head_dim, theta, KeyValueGather(self.context.group)),
+            labels=trimmed.labels[:, share.slots],
+            # [b, this rank's scored, hidden]
+            select=lambda hidden: hidden[share.rows].transpose(0, 1),
             to_response=to_padded_response,
+            spread=share.spread,
         )
 
     def _score(

@@ -1,0 +1,197 @@
+"""Context parallelism on the CPU: the load-balanced split covers every token once and gives each
+packed sequence's chunk its keys up to the chunk's end; and a Qwen2 built by the engine on 2
+gloo ranks of one context-parallel group (megatron-core's parallel state with
+``context_parallel_size=2``), each rank running its share of every sequence through the
+engine's scorer (packed rows and padded rows, sequence lengths that 2 x CP does not divide), gives
+the HF model's log-probs, entropy and loss on every rank; the weights' gradients after the
+engine's data-parallel reduction and their global norm equal the HF model's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_megatron_stages import _hf_model
+
+from polyrl.batch import Batch
+from polyrl_engine_kit.launch import run_on_ranks
+from polyrl_engine_kit.logprob import EntropyMode
+from polyrl_engine_megatron.context_parallel import ContextParallel
+
+# real tokens per row (prompt, response): 12 columns, 3 per chunk at CP=2; or 8 columns whose
+# only scored one (the response is one token) is on rank 0: rank 1 scores nothing
+LENGTHS = {"long": ([5, 3, 6], [4, 6, 1]), "short": ([7, 3, 6], [1, 1, 1])}
+TEMPERATURE, ENTROPY_COEFF = 0.8, 0.1
+
+
+def _batch(lengths: str) -> Batch:
+    """Left-padded prompts, right-padded responses (as the rollout writes them)."""
+    prompts, responses = LENGTHS[lengths]
+    width_p, width_r = max(prompts), max(responses)
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 64, (len(prompts), width_p + width_r), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, (prompt, response) in enumerate(zip(prompts, responses)):
+        mask[row, width_p - prompt : width_p + response] = 1
+    ids = ids * mask
+    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, width_p:]})
+
+
+def _loss(log_prob: torch.Tensor, entropy: torch.Tensor, batch: Batch) -> torch.Tensor:
+    real = batch["attention_mask"][:, -batch["responses"].shape[1] :].float()
+    return -((log_prob - ENTROPY_COEFF * entropy) * real).sum() / real.sum()
+
+
+@pytest.mark.parametrize(("size", "multiple"), [(1, 1), (2, 1), (3, 1), (2, 2)])
+def test_split_covers_each_token_once_in_balanced_chunks(size: int, multiple: int) -> None:
+    """``multiple``: each chunk's length a multiple of it (sequence parallelism over TP)."""
+    step = 2 * size * multiple
+    splits = [ContextParallel(None, size, rank, torch.device("cpu")) for rank in range(size)]
+    padded = [split.split_padded(7, multiple) for split in splits]
+    assert padded[0].padded == step * (-(-7 // step))
+    held = torch.cat([split.local for split in padded])
+    assert torch.equal(held.sort().values, torch.arange(padded[0].padded))
+    assert torch.equal(held, padded[0].gathered)
+    chunk = padded[0].padded // (2 * size)
+    assert padded[0].local[:chunk].tolist() == list(range(chunk))  # rank 0: first and last
+    assert padded[0].local[chunk:].tolist() == list(
+        range(padded[0].padded - chunk, padded[0].padded)
+    )
+
+    cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)  # lengths 5, 1, 7
+    packed = [split.split_packed(cu, multiple) for split in splits]
+    lengths = [-(-n // step) * step for n in (5, 1, 7)]
+    starts = [0, lengths[0], lengths[0] + lengths[1]]
+    assert packed[0].real.tolist() == [
+        start + i for start, n in zip(starts, (5, 1, 7)) for i in range(n)
+    ]
+    gathered = torch.cat([split.local for split in packed])
+    assert torch.equal(gathered.sort().values, torch.arange(sum(lengths)))
+    for split in packed:
+        positions = [i for n in lengths for i in range(n)]
+        assert split.positions.tolist() == [positions[t] for t in split.local]
+        # each query segment's keys: its sequence from the start to the segment's end
+        keys = gathered[split.key_index]
+        q_bounds, k_bounds = split.cu_seqlens_q.tolist(), split.cu_seqlens_kv.tolist()
+        for segment in range(len(q_bounds) - 1):
+            queries = split.local[q_bounds[segment] : q_bounds[segment + 1]]
+            segment_keys = keys[k_bounds[segment] : k_bounds[segment + 1]]
+            sequence = segment // 2
+            assert segment_keys.tolist() == list(range(starts[sequence], queries[-1] + 1))
+
+
+class _ScoringHook(torch.nn.Module):
+    """megatron-core 0.19's ``output_processor`` on 0.16's GPTModel (the CPU machine's): the
+    final hidden states (the decoder's output, after its final norm) handed to the hook with
+    the output layer, as 0.19 hands them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs, packed_seq_params, output_processor) -> torch.Tensor:
+        captured = {}
+        decoder = self.model.decoder
+        hook = decoder.register_forward_hook(lambda _m, _i, out: captured.update(out=out))
+        self.model(*inputs, packed_seq_params=packed_seq_params)
+        hook.remove()
+        return output_processor(
+            hidden_states=captured["out"], output_layer=self.model.output_layer, output_weight=None
+        )
+
+
+def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str) -> dict:
+    """This rank's share of the micro-batch through the engine's scorer and its gradient
+    reduction: its scores (the whole micro-batch's), loss, HF-named gradients and grad norm."""
+    from megatron.core import parallel_state
+    from transformers import AutoConfig
+
+    from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, pipeline_stages
+    from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
+    from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
+    from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=world)
+    hf_config = AutoConfig.from_pretrained(path)
+    shape = GPTShape.from_hf_config(hf_config, 1)
+    stage = pipeline_stages(shape.num_layers, 1)[0]
+    cpu = torch.device("cpu")
+    model = build_gpt_model(
+        shape, hf_config, stage, pipeline_parallel=1, recompute=Recompute(), device=cpu
+    )
+    load_hf_weights(model, path, shape, stage, 0, False)
+    paths = ScoringPaths.choose(
+        remove_padding=packed, fused_log_prob=packed, torch_compile=False, tp=1
+    )
+    context = ContextParallel(
+        parallel_state.get_context_parallel_group(),
+        world,
+        parallel_state.get_context_parallel_rank(),
+        cpu,
+    )
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    scorer = Scorer(shape, paths, torch.float32, tp_group, cpu, context=context)
+    batch = _batch(lengths)
+    scores, to_response = scorer.forward(
+        _ScoringHook(model), batch, temperature=TEMPERATURE, entropy=EntropyMode.GRAD
+    )
+    log_prob, entropy = to_response(scores)
+    loss = _loss(log_prob, entropy, batch)
+    loss.backward()
+    names = [name for name, _ in model.named_parameters()]
+    grads = [param.grad for _, param in model.named_parameters()]
+    groups = GradientGroups.from_parallel_state(expert_parallel=1)
+    average_gradients(names, grads, groups)
+    norm = global_norm(names, grads, groups, cpu)
+    parallel_state.destroy_model_parallel()
+    return {
+        "log_prob": log_prob.detach(),
+        "entropy": entropy.detach(),
+        "loss": float(loss),
+        "norm": norm,
+        "grads": {
+            hf_name: tensor
+            for name, grad in zip(names, grads)
+            for hf_name, tensor in megatron_to_hf(name, [grad], shape)
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("packed", "lengths"),
+    [(True, "long"), (False, "long"), (False, "short")],
+    ids=["packed", "padded", "padded-rank-without-scores"],
+)
+def test_context_parallel_equals_the_hf_model(tmp_path, packed: bool, lengths: str) -> None:
+    pytest.importorskip("megatron.core")
+    from transformers import AutoModelForCausalLM
+
+    from polyrl_engine_kit.scoring import response_log_probs
+
+    _hf_model(str(tmp_path), layers=2)
+    results = run_on_ranks(_scenario, 2, str(tmp_path), packed, lengths, timeout_s=180)
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    batch = _batch(lengths)
+    scores = response_log_probs(
+        hf,
+        batch,
+        torch.device("cpu"),
+        temperature=TEMPERATURE,
+        entropy=EntropyMode.GRAD,
+        logits_to_keep=False,
+    )
+    loss = _loss(scores.log_prob, scores.entropy, batch)
+    loss.backward()
+    expected = {name: param.grad for name, param in hf.named_parameters()}
+    norm = torch.sqrt(sum(grad.pow(2).sum() for grad in expected.values()))
+    for result in results:  # every rank of the group scores the whole micro-batch
+        torch.testing.assert_close(
+            result["log_prob"], scores.log_prob.detach(), atol=1e-5, rtol=1e-5
+        )
+        torch.testing.assert_close(result["entropy"], scores.entropy.detach(), atol=1e-5, rtol=1e-5)
+        assert result["loss"] == pytest.approx(loss.item(), abs=1e-5)
+        assert result["norm"] == pytest.approx(float(norm), rel=1e-5)
+        assert result["grads"].keys() == expected.keys()
+        for name, grad in expected.items():
+            torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
