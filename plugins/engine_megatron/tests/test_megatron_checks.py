@@ -40,8 +40,8 @@ def test_parallel_sizes_against_the_pools():
     (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{TP}=3"))
     assert line == (
         f"{TP}=3 does not divide the 4 workers of the actor (world size 4 = trainer.nnodes 1 x "
-        f"trainer.n_gpus_per_node 4); the data-parallel size is workers / (tensor x pipeline "
-        f"parallel size)"
+        f"trainer.n_gpus_per_node 4); the data-parallel size is workers / (tensor x pipeline x "
+        f"context parallel size)"
     )
     # a reference on its own pool of 3 workers cannot hold TP=2 either
     (line,) = check_config(

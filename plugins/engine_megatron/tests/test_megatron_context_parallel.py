@@ -140,7 +140,7 @@ def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str) -> d
     loss.backward()
     names = [name for name, _ in model.named_parameters()]
     grads = [param.grad for _, param in model.named_parameters()]
-    groups = GradientGroups.from_parallel_state(expert_parallel=1)
+    groups = GradientGroups.from_parallel_state()
     average_gradients(names, grads, groups)
     norm = global_norm(names, grads, groups, cpu)
     parallel_state.destroy_model_parallel()
@@ -195,3 +195,38 @@ def test_context_parallel_equals_the_hf_model(tmp_path, packed: bool, lengths: s
         assert result["grads"].keys() == expected.keys()
         for name, grad in expected.items():
             torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+CP = "actor_rollout_ref.actor.megatron.context_parallel_size"
+
+
+def _cfg(*overrides: str):
+    from omegaconf import OmegaConf
+
+    from polyrl.api.testing import schema_config
+
+    return OmegaConf.merge(schema_config(), OmegaConf.from_dotlist(list(overrides)))
+
+
+def test_context_parallel_counts_against_the_pools() -> None:
+    from polyrl_engine_megatron.checks import check_config
+
+    tp = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+    assert check_config(_cfg("trainer.n_gpus_per_node=4", f"{CP}=2", f"{tp}=2")) == []
+    (line,) = check_config(_cfg("trainer.n_gpus_per_node=4", f"{CP}=2", f"{tp}=3"))
+    assert line.startswith(f"{tp}=3 x context_parallel_size=2 does not divide the 4 workers")
+    (line,) = check_config(_cfg(f"{CP}=0"))
+    assert line == f"{CP} must be a positive integer, got 0"
+    # the reference follows the actor's split; on the actor's pool it cannot differ
+    (line,) = check_config(
+        _cfg(
+            "trainer.n_gpus_per_node=4",
+            f"{CP}=2",
+            "actor_rollout_ref.ref.megatron.context_parallel_size=1",
+        )
+    )
+    assert "1 x 1 differs from the actor's 1 x 1 (context parallel 2)" in line
+    (line,) = check_config(
+        _cfg("trainer.n_gpus_per_node=4", f"{CP}=2", "critic.megatron.context_parallel_size=1")
+    )
+    assert line.startswith("critic.megatron.context_parallel_size=1 differs from the actor's 2")

@@ -98,9 +98,6 @@ GLOBAL_MICRO_BATCHES = {
 DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     **{key: PerGpu(target) for key, (target, _, _) in GLOBAL_MICRO_BATCHES.items()},
     # --- Megatron (keys declared by polyrl-engine-megatron) ---
-    "*.megatron.context_parallel_size": Refused(
-        "Megatron context parallelism", "context_parallel_size=1 and use_dynamic_bsz for long rows"
-    ),
     "*.megatron.override_*": Refused("overriding Megatron's model/DDP config", "remove it"),
     "*.megatron.use_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
     "*.megatron.vanilla_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),

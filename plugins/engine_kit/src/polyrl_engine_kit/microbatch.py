@@ -126,12 +126,14 @@ def plan_micro_batches(
     training: bool,
     packed: bool = False,
     sequence_parallel: int = 1,
+    split_by: str = "ulysses_sequence_parallel_size",
 ) -> list[list[int]]:
     """This rank's row groups: by token budget (``use_dynamic_bsz``) or by row count, with the
     training or the log-prob keys; the same plan for every engine built on these settings.
     ``packed``: the engine packs each micro-batch (no padding), so a budget counts real tokens.
-    ``sequence_parallel``: ranks that split each micro-batch (Ulysses), each holding its share
-    of the per-GPU budget, so the micro-batch may hold that many times the budget (as in verl)."""
+    ``sequence_parallel``: ranks that split each micro-batch (Ulysses, or Megatron's context
+    parallelism: ``split_by`` names the key, for the message), each holding its share of the
+    per-GPU budget, so the micro-batch may hold that many times the budget (as in verl)."""
     s = settings
     if s.use_dynamic_bsz:
         budget = s.max_token_len if training else s.log_prob_max_token_len
@@ -139,7 +141,7 @@ def plan_micro_batches(
         key = f"actor_rollout_ref.actor.{key}"
         if sequence_parallel > 1:
             budget *= sequence_parallel
-            key = f"{key} x ulysses_sequence_parallel_size {sequence_parallel}"
+            key = f"{key} x {split_by} {sequence_parallel}"
         lengths = row_lengths(batch["attention_mask"], batch["responses"].shape[1])
         if packed:
             return packed_budget_partition(lengths.total, budget, key)

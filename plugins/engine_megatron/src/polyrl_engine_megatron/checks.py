@@ -35,6 +35,7 @@ def parallel_problems(megatron: Any, node: str = MEGATRON) -> list[str]:
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",
             "expert_model_parallel_size",
+            "context_parallel_size",
         )
         if not positive_int(getattr(megatron, key))
     ]
@@ -125,7 +126,8 @@ def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
     ]
 
 
-Sizes = tuple[int, int, int | None, int]  # tensor, pipeline, virtual (or None), expert
+# tensor, pipeline, virtual (or None), expert, context
+Sizes = tuple[int, int, int | None, int, int]
 
 
 def _sizes(megatron: Any) -> Sizes:
@@ -134,13 +136,15 @@ def _sizes(megatron: Any) -> Sizes:
         int(megatron.pipeline_model_parallel_size),
         virtual_size(megatron),
         int(megatron.expert_model_parallel_size),
+        int(megatron.context_parallel_size),
     )
 
 
 def _shown(sizes: Sizes) -> str:
-    tensor, pipeline, virtual, experts = sizes
+    tensor, pipeline, virtual, experts, context = sizes
     more = [f"{virtual} chunks per stage"] if virtual is not None else []
     more += [f"expert parallel {experts}"] if experts > 1 else []
+    more += [f"context parallel {context}"] if context > 1 else []
     return f"{tensor} x {pipeline}" + (f" ({', '.join(more)})" if more else "")
 
 
@@ -157,15 +161,17 @@ def _world_problems(cfg: Any) -> list[str]:
             continue
         seen.add((*found, sizes[role]))
         workers, where = found
-        tensor_parallel, pipeline_parallel, _, experts = sizes[role]
-        model_copy = tensor_parallel * pipeline_parallel
+        tensor_parallel, pipeline_parallel, _, experts, context = sizes[role]
+        model_copy = tensor_parallel * pipeline_parallel * context
         if workers % model_copy:
             split = f"{node}.tensor_model_parallel_size={tensor_parallel}"
             if pipeline_parallel > 1:
                 split += f" x pipeline_model_parallel_size={pipeline_parallel}"
+            if context > 1:
+                split += f" x context_parallel_size={context}"
             problems.append(
                 f"{split} does not divide the {workers} workers of the {role} ({where}); the "
-                f"data-parallel size is workers / (tensor x pipeline parallel size)"
+                f"data-parallel size is workers / (tensor x pipeline x context parallel size)"
             )
         elif (workers // pipeline_parallel) % experts:
             problems.append(
@@ -191,6 +197,7 @@ def _world_problems(cfg: Any) -> list[str]:
 _SHAPING = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
+    "context_parallel_size",
     "param_offload",
     "grad_offload",
     "optimizer_offload",

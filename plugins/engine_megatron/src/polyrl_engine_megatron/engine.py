@@ -67,6 +67,7 @@ from polyrl_engine_megatron.checks import (
     parallel_problems,
     virtual_size,
 )
+from polyrl_engine_megatron.context_parallel import ContextParallel
 from polyrl_engine_megatron.convert import (
     GPTShape,
     PipelineStage,
@@ -143,10 +144,11 @@ def _parallel_sizes(ctx: EngineContext) -> tuple[int, int, int | None, int]:
         raise ConfigError("; ".join(problems))
     tp = int(megatron.tensor_model_parallel_size)
     pp = int(megatron.pipeline_model_parallel_size)
-    if ctx.world_size % (tp * pp):
+    cp = int(megatron.context_parallel_size)
+    if ctx.world_size % (tp * pp * cp):
         raise ConfigError(
-            f"actor_rollout_ref.actor.megatron tensor x pipeline parallel size {tp} x {pp} does "
-            f"not divide the {ctx.world_size} workers of role {ctx.role!r}"
+            f"actor_rollout_ref.actor.megatron tensor x pipeline x context parallel size {tp} x "
+            f"{pp} x {cp} does not divide the {ctx.world_size} workers of role {ctx.role!r}"
         )
     return tp, pp, virtual_size(megatron), int(megatron.expert_model_parallel_size)
 
@@ -207,26 +209,27 @@ class MegatronEngine(TrainingEngine):
             ctx.model, ctx.engine, ctx.total_training_steps, ctx.role, world_size=None
         )
         self.tp, self.pp, self.vpp, self.ep = _parallel_sizes(ctx)
+        self.cp = int(_megatron_node(ctx).context_parallel_size)
         self.device = _join_process_group(ctx)
-        init_model_parallel(self.tp, self.pp, ctx.seed, self.vpp, self.ep)
+        init_model_parallel(self.tp, self.pp, ctx.seed, self.vpp, self.ep, self.cp)
         seed_everything(ctx.seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.ep_rank = parallel_state.get_expert_model_parallel_rank()
         self.ep_group = parallel_state.get_expert_model_parallel_group() if self.ep > 1 else None
-        self.grad_groups = GradientGroups(
-            data_parallel=self.dp_group,
-            data_parallel_size=self.dp_size,
-            # the ranks holding the same experts: TP x DP / EP (expert tensor parallelism 1)
-            expert_data_parallel=parallel_state.get_expert_data_parallel_group(),
-            expert_data_parallel_size=parallel_state.get_expert_data_parallel_world_size(),
-            expert_parallel=self.ep_group,
-            tensor_parallel=self.tp_group if self.tp > 1 else None,
-            pipeline_parallel=self.pp_group if self.pp > 1 else None,
+        self.grad_groups = GradientGroups.from_parallel_state()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        # a stage's ranks in megatron-core's order: CP peers, then data-parallel replicas
+        self.dp_cp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        self.context = (
+            ContextParallel(
+                parallel_state.get_context_parallel_group(), self.cp, self.cp_rank, self.device
+            )
+            if self.cp > 1
+            else None
         )
 
         self.hf_config = load_hf_config(ctx.model_path, self.settings)
@@ -265,7 +268,7 @@ class MegatronEngine(TrainingEngine):
         self.mesh = DataParallelRank(
             dp_rank=parallel_state.get_data_parallel_rank(),
             dp_size=self.dp_size,
-            returns_output=self.tp_rank == 0 and self.is_last_stage,
+            returns_output=self.tp_rank == 0 and self.cp_rank == 0 and self.is_last_stage,
         )
         # one module holding this rank's parameters (offload, optimizer, checkpoint); with
         # several chunks their state_dict keys carry the chunk's number
@@ -293,7 +296,9 @@ class MegatronEngine(TrainingEngine):
             tp=self.tp,
         )
         log.info("megatron engine scoring paths: %s", paths)
-        self.scorer = Scorer(self.shape, paths, self.compute_dtype, self.tp_group, self.device)
+        self.scorer = Scorer(
+            self.shape, paths, self.compute_dtype, self.tp_group, self.device, self.context
+        )
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -345,7 +350,13 @@ class MegatronEngine(TrainingEngine):
         ranks may run different numbers (gradients are reduced once, after the last one),
         except those of an expert-parallel group, whose MoE layers exchange tokens in every
         forward and backward: they all run as many as the one that plans most."""
-        groups = plan_micro_batches(batch, self.settings, training)
+        groups = plan_micro_batches(
+            batch,
+            self.settings,
+            training,
+            sequence_parallel=self.cp,
+            split_by="megatron.context_parallel_size",
+        )
         wanted, why = 1, ""
         if self.vpp is not None:  # the interleaved schedule needs one per stage
             wanted = self.pp
@@ -608,8 +619,7 @@ class MegatronEngine(TrainingEngine):
                 shard=self._shard(),
                 # the first ranks of a stage, one per (TP rank, EP rank) pair: every TP shard
                 # of the dense weights and every rank's experts written once
-                writes_shard=self.tp_rank + self.tp * self.mesh.dp_rank
-                < math.lcm(self.tp, self.ep),
+                writes_shard=self.tp_rank + self.tp * self.dp_cp_rank < math.lcm(self.tp, self.ep),
             )
 
     def load_checkpoint(self, path: str) -> None:

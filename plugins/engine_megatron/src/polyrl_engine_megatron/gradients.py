@@ -43,34 +43,31 @@ class GradientGroups:
     context_parallel_size: int = 1
 
     @classmethod
-    def from_parallel_state(cls, expert_parallel: int) -> GradientGroups:
-        """The groups of megatron-core's parallel state (initialised) for this rank."""
+    def from_parallel_state(cls) -> GradientGroups:
+        """The groups of megatron-core's parallel state (initialised) for this rank: experts'
+        copies are the ranks holding the same experts, TP x CP x DP / EP (expert tensor
+        parallelism 1)."""
         from megatron.core import parallel_state as ps
 
-        context = ps.get_context_parallel_world_size()
-        with_context = ps.get_data_parallel_group(with_context_parallel=True)
-        experts = expert_parallel > 1
+        def group_of_many(size: int, group: Any) -> Any:
+            return group if size > 1 else None
+
         return cls(
-            data_parallel=with_context,
+            data_parallel=ps.get_data_parallel_group(with_context_parallel=True),
             data_parallel_size=ps.get_data_parallel_world_size(),
-            expert_data_parallel=(ps.get_expert_data_parallel_group() if experts else with_context),
-            expert_data_parallel_size=(
-                ps.get_expert_data_parallel_world_size()
-                if experts
-                else ps.get_data_parallel_world_size(with_context_parallel=True)
+            expert_data_parallel=ps.get_expert_data_parallel_group(),
+            expert_data_parallel_size=ps.get_expert_data_parallel_world_size(),
+            expert_parallel=group_of_many(
+                ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_group()
             ),
-            expert_parallel=ps.get_expert_model_parallel_group() if experts else None,
-            tensor_parallel=(
-                ps.get_tensor_model_parallel_group()
-                if ps.get_tensor_model_parallel_world_size() > 1
-                else None
+            tensor_parallel=group_of_many(
+                ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_group()
             ),
-            pipeline_parallel=(
-                ps.get_pipeline_model_parallel_group()
-                if ps.get_pipeline_model_parallel_world_size() > 1
-                else None
+            pipeline_parallel=group_of_many(
+                ps.get_pipeline_model_parallel_world_size(),
+                ps.get_pipeline_model_parallel_group(),
             ),
-            context_parallel_size=context,
+            context_parallel_size=ps.get_context_parallel_world_size(),
         )
 
 

@@ -48,12 +48,15 @@ def init_model_parallel(
     seed: int,
     virtual: int | None = None,
     expert_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> None:
     """megatron-core's process groups on the default group (once per process: the actor and
     the reference of one worker share them) and its tensor-parallel RNG tracker; ``virtual``:
     model chunks per stage (interleaved pipeline parallelism); ``expert_parallel``: ranks a MoE
     layer's experts are spread over, out of the TP x DP ranks of a stage (expert tensor
-    parallelism 1: each expert whole on its rank)."""
+    parallelism 1: each expert whole on its rank); ``context_parallel``: ranks that share each
+    micro-batch's tokens (:mod:`.context_parallel`; megatron-core's model config keeps 1, its
+    own context parallelism being Transformer Engine's)."""
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as mcore_tp
 
@@ -63,12 +66,14 @@ def init_model_parallel(
             parallel_state.get_pipeline_model_parallel_world_size(),
             parallel_state.get_virtual_pipeline_model_parallel_world_size(),
             parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_context_parallel_world_size(),
         )
-        if sizes != (tensor_parallel, pipeline_parallel, virtual, expert_parallel):
+        wanted = (tensor_parallel, pipeline_parallel, virtual, expert_parallel, context_parallel)
+        if sizes != wanted:
             raise ConfigError(
                 f"megatron-core is already split TP x PP = {sizes[0]} x {sizes[1]} (virtual "
-                f"{sizes[2]}, expert {sizes[3]}) in this process; every megatron role of a "
-                f"pool must use the same actor_rollout_ref.actor.megatron sizes"
+                f"{sizes[2]}, expert {sizes[3]}, context {sizes[4]}) in this process; every "
+                f"megatron role of a pool must use the same actor_rollout_ref.actor.megatron sizes"
             )
         return
     parallel_state.initialize_model_parallel(
@@ -77,6 +82,7 @@ def init_model_parallel(
         virtual_pipeline_model_parallel_size=virtual,
         expert_model_parallel_size=expert_parallel,
         expert_tensor_parallel_size=1,
+        context_parallel_size=context_parallel,
     )
     mcore_tp.model_parallel_cuda_manual_seed(seed)
 

@@ -19,6 +19,7 @@ from polyrl_engine_kit.settings import LORA_SECTIONS
 ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
 ACTOR_OPTIMIZER_OVERRIDES = "actor_rollout_ref.actor.optim.override_optimizer_config"
 REF_MEGATRON = "actor_rollout_ref.ref.megatron"
+MODEL_LORA = "actor_rollout_ref.model.lora"
 CRITIC_MEGATRON = "critic.megatron"
 
 
@@ -83,6 +84,46 @@ class OptimizerOverrides:
     exp_avg_sq_dtype: str = "float32"
 
 
+# verl's Megatron LoRA group: the linears it adapts here and the values its keys take
+LORA_COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
+LORA_ROW_PARALLEL = ("linear_proj", "linear_fc2")
+LORA_INIT_METHODS = ("xavier", "kaiming", "normal", "zero")
+LORA_DROPOUT_POSITIONS = ("pre", "post")
+
+
+@dataclass
+class MegatronLora:
+    """verl's Megatron LoRA group (``actor_rollout_ref.model.lora``, Megatron-Bridge's
+    ``LoRA``), read by this engine for the actor (:mod:`.lora`). ``rank`` 0: full fine-tuning.
+    Adapters go on the linears that ``target_modules`` names (megatron-core's names, or
+    ``*`` patterns over full module names such as ``*.layers.0.*.linear_qkv``), the update scaled
+    by ``alpha / rank``; ``dropout`` before the adapter (``dropout_position=pre``) or on its
+    output (``post``); ``lora_A_init_method`` / ``lora_B_init_method``: ``xavier``,
+    ``kaiming``, ``normal`` or ``zero``. ``merge``: verl syncs merged weights instead of the
+    adapters; here the rollout always gets merged weights. The ``freeze_*`` keys belong to
+    ``type=vlm_lora`` (not read with ``type=lora``, as in verl). What this engine does not
+    implement is refused by :func:`.checks.lora_problems`."""
+
+    type: str = "lora"
+    merge: bool = False
+    rank: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: Any = field(
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+    )
+    exclude_modules: Any = field(default_factory=list)
+    dropout_position: str = "pre"
+    lora_A_init_method: str = "xavier"
+    lora_B_init_method: str = "zero"
+    a2a_experimental: bool = False
+    dtype: Any = None
+    adapter_path: Any = None
+    freeze_vision_model: bool = True
+    freeze_vision_projection: bool = True
+    freeze_language_model: bool = True
+
+
 def _following_actor() -> MegatronSettings:
     values: dict[str, Any] = {
         f.name: f"${{{ACTOR_MEGATRON}.{f.name}}}"
@@ -99,4 +140,5 @@ CONFIG_SECTIONS = {
     REF_MEGATRON: FOLLOWING_ACTOR,
     CRITIC_MEGATRON: FOLLOWING_ACTOR,
     ACTOR_OPTIMIZER_OVERRIDES: OptimizerOverrides,
+    MODEL_LORA: MegatronLora,
 }
