@@ -178,8 +178,11 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     ),
     "actor_rollout_ref.rollout.*": _ROLLOUT_INTERNALS,
     # --- model ---
+    # polyrl-engine-megatron declares the group (its engine trains the adapters): judged here
+    # only when that package is not installed.
     "actor_rollout_ref.model.lora.*": Refused(
-        "verl's Megatron LoRA group (model.lora.*)",
+        "verl's Megatron LoRA group without polyrl-engine-megatron",
+        "polyrl-engine-megatron with actor_rollout_ref.actor.strategy=megatron, or "
         "actor_rollout_ref.model.lora_rank/lora_alpha/target_modules with strategy=fsdp2",
     ),
     "critic.model.lora*": Refused("a LoRA critic", "full fine-tuning of the critic"),
@@ -501,6 +504,7 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     changed = _changed(cfg, schema, declared)
     loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
     problems, notices = reward_loop_lines(cfg, loop)
+    problems += strategy_problems(cfg)
     notices += [line for line in [unread_do_sample_notice(cfg)] if line]
     notices += strategy_notices(cfg)
     for key, value in changed:
@@ -531,6 +535,29 @@ STRATEGY_KEYS = {
         "only the FSDP engine offloads activations, as in verl",
     ),
 }
+
+
+# verl keys that only some training strategies read, whose feature another strategy would
+# silently drop (verl's other workers do not read them either): key -> (the strategies, the
+# feature, what the others use instead).
+STRATEGY_ONLY = {
+    "actor_rollout_ref.model.lora.rank": (
+        ("megatron",),
+        "the Megatron LoRA group",
+        "actor_rollout_ref.model.lora_rank/lora_alpha/target_modules (peft's module names)",
+    ),
+}
+
+
+def strategy_problems(cfg: DictConfig) -> list[str]:
+    """One line per :data:`STRATEGY_ONLY` key set under a strategy that does not read it."""
+    strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
+    return [
+        f"{key}={OmegaConf.select(cfg, key)} is verl's key of {feature} for strategy="
+        f"{'/'.join(strategies)}; with actor_rollout_ref.actor.strategy={strategy} use {use}"
+        for key, (strategies, feature, use) in STRATEGY_ONLY.items()
+        if OmegaConf.select(cfg, key, default=None) and strategy not in strategies
+    ]
 
 
 def strategy_notices(cfg: DictConfig) -> list[str]:

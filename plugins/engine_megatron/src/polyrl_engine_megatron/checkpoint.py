@@ -35,6 +35,7 @@ from polyrl_engine_megatron.convert import (
     stages_of,
     virtual_stages,
 )
+from polyrl_engine_megatron.lora import merged_state
 from polyrl_engine_megatron.moe import global_expert_name, is_expert, stack_experts
 
 EXTRA_STATE = "extra_state_rank_{rank}.pt"
@@ -44,6 +45,8 @@ STAGE_LAYERS = "num_layers_per_stage"
 VIRTUAL = "virtual_pipeline_model_parallel_size"
 # expert-parallel ranks, recorded with expert parallelism (a shard each, "_ep<e>")
 EXPERT = "expert_model_parallel_size"
+# LoRA's alpha / rank, recorded with LoRA adapters (the reader merges them into their weights)
+LORA_SCALE = "lora_scale"
 # what megatron-core's modules add to a state_dict() besides weights (None for the local spec)
 _MODULE_STATE_SUFFIX = "._extra_state"
 
@@ -148,6 +151,8 @@ def read_checkpoint(path: str, cfg: Any, model_path: str) -> torch.nn.Module:
     for pp_rank in range(pp):
         ep = int(layout.get(EXPERT, 1))
         shards = _read_stage_shards(path, tp, pp_rank, pp, ep, shape)
+        if LORA_SCALE in layout:  # each shard's adapters merged into its own weights
+            shards = [merged_state(shard, float(layout[LORA_SCALE])) for shard in shards]
         # the rank's chunks: one, or (interleaved) chunk v under "<v>." at [v * pp + pp_rank]
         chunks = (
             [("", stages[pp_rank])]

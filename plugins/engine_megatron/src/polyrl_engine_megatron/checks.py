@@ -127,6 +127,27 @@ def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
 
 
 # tensor, pipeline, virtual (or None), expert, context
+def router_replay_problems(replay: Any) -> list[str]:
+    """verl's ``actor.router_replay`` (a :class:`.settings.RouterReplaySettings` node): R2 or
+    disabled; R3 and the routing files one line each."""
+    node = f"{ACTOR}.router_replay"
+    problems = []
+    if replay.mode == "R3":
+        problems.append(
+            f"{node}.mode=R3 asks for MoE router replay from the rollout engine's routing "
+            f"(verl); {NOT_SUPPORTED}: use mode=R2 (the routing of the old log-prob pass)"
+        )
+    elif replay.mode not in ("disabled", "R2"):
+        problems.append(f"{node}.mode={replay.mode!r} must be disabled, R2 or R3 (verl's modes)")
+    problems += [
+        f"{node}.{key}={replay[key]} asks for dumping or loading MoE routing files (verl); "
+        f"{NOT_SUPPORTED}: remove it (R2 keeps the routing in memory)"
+        for key in ("record_file", "replay_file")
+        if replay[key] not in (None, "")
+    ]
+    return problems
+
+
 Sizes = tuple[int, int, int | None, int, int]
 
 
@@ -247,6 +268,7 @@ def check_config(cfg: Any) -> list[str]:
         problems += dist_checkpoint_problems(megatron, node)
     problems += _critic_problems(cfg)
     problems += optimizer_override_lines(actor.optim.override_optimizer_config)[0]
+    problems += router_replay_problems(actor.router_replay)
     sizes = parallel_problems(actor.megatron)
     if not sizes:  # the reference's sizes follow the actor's unless set
         sizes = parallel_problems(ref.megatron, REF_MEGATRON)

@@ -343,8 +343,22 @@ def is_tied_copy(local: str, shape: GPTShape, stage: PipelineStage) -> bool:
 
 
 # (the dense MLP's, the experts' and the shared expert's linear_fc1 / linear_fc2)
-_ROW_SPLIT = ("self_attention.linear_proj.weight", "linear_fc2.weight")
-_COLUMN_SPLIT = (EMBEDDING, OUTPUT, "linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight")
+# with LoRA (:mod:`.lora`) a row-parallel linear's A and a column-parallel one's B are split too
+_ROW_SPLIT = (
+    "self_attention.linear_proj.weight",
+    "linear_fc2.weight",
+    "self_attention.linear_proj.adapter.lora_A",
+    "linear_fc2.adapter.lora_A",
+)
+_COLUMN_SPLIT = (
+    EMBEDDING,
+    OUTPUT,
+    "linear_qkv.weight",
+    "linear_qkv.bias",
+    "linear_fc1.weight",
+    "linear_qkv.adapter.lora_B",
+    "linear_fc1.adapter.lora_B",
+)
 
 
 def split_dim(name: str) -> int | None:

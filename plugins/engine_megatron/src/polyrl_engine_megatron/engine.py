@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,7 @@ from polyrl_engine_megatron.checks import (
     dtype_problem,
     optimizer_override_lines,
     parallel_problems,
+    router_replay_problems,
     virtual_size,
 )
 from polyrl_engine_megatron.context_parallel import ContextParallel
@@ -84,6 +86,7 @@ from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, l
 from polyrl_engine_megatron.moe import gathered_experts, is_expert, stack_experts
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
+from polyrl_engine_megatron.router_replay import RouterReplayR2
 from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
 from polyrl_engine_megatron.sequence_parallel import has_partial_gradient, sum_partial_gradients
 from polyrl_engine_megatron.transformer_overrides import (
@@ -171,6 +174,39 @@ def _transformer_overrides(
     return passed, recompute
 
 
+def _router_replay(ctx: EngineContext, shape: GPTShape, recompute: Recompute) -> bool:
+    """Whether this engine replays MoE routing (verl's ``actor.router_replay.mode=R2``, for
+    the actor being trained), after the same checks as ``polyrl validate``."""
+    given = ctx.engine.get("router_replay") or {}
+    replay = schema_node({"router_replay": given}, "actor_rollout_ref.actor").router_replay
+    problems = router_replay_problems(replay)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if replay.mode != "R2" or not ctx.trainable or ctx.role == "ref":
+        return False
+    node = "actor_rollout_ref.actor"
+    if not shape.moe:
+        raise ConfigError(
+            f"{node}.router_replay.mode=R2 replays a mixture-of-experts model's routing; this "
+            f"model has no experts: set mode=disabled"
+        )
+    if int(_megatron_node(ctx).context_parallel_size) > 1:
+        raise ConfigError(
+            f"{node}.router_replay.mode=R2 with megatron.context_parallel_size > 1 asks for "
+            f"router replay over context-parallel ranks (verl); polyrl does not support it: use "
+            f"context_parallel_size=1"
+        )
+    pipeline = int(_megatron_node(ctx).pipeline_model_parallel_size)
+    if pipeline > 1 and (recompute.full or recompute.modules):
+        raise ConfigError(
+            f"{node}.router_replay.mode=R2 with recomputed activations over {pipeline} "
+            f"pipeline stages asks for replaying each micro-batch's routing in a backward that "
+            f"runs after later forwards; polyrl does not support it: turn gradient "
+            f"checkpointing / recompute off, or use pipeline_model_parallel_size=1"
+        )
+    return True
+
+
 def _cpu_offload(ctx: EngineContext) -> CpuOffloadSettings:
     """The role's ``optim.override_optimizer_config`` (verl's Megatron optimizer overrides; the
     critic's optim has none: its defaults), after the same checks as ``polyrl validate``; what
@@ -243,6 +279,9 @@ class MegatronEngine(TrainingEngine):
                 f"of the expert count, or 1"
             )
         overrides, recompute = _transformer_overrides(ctx, self.settings.gradient_checkpointing)
+        replays = _router_replay(ctx, self.shape, recompute)
+        if replays:  # megatron-core's routers record or take their top-k indices
+            overrides = {**overrides, "moe_enable_routing_replay": True}
         self.split = StageSplit.from_overrides(overrides)
         stages = virtual_stages(self.shape.num_layers, self.pp, self.vpp, self.split)
         # this rank's model chunks: its stage, or chunk v of it at [v * pp + pp_rank] (VPP)
@@ -300,6 +339,17 @@ class MegatronEngine(TrainingEngine):
             self.shape, paths, self.compute_dtype, self.tp_group, self.device, self.context
         )
         self.trainable = bool(ctx.trainable) and ctx.role != "ref"
+        self.router_replay = (
+            RouterReplayR2(
+                self._modules(),
+                packed=self.settings.remove_padding,
+                tp_group=self.tp_group,
+                tp=self.tp,
+                device=self.device,
+            )
+            if replays
+            else None
+        )
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         cpu_offload = _cpu_offload(ctx) if self.trainable else CpuOffloadSettings()
@@ -395,8 +445,11 @@ class MegatronEngine(TrainingEngine):
 
         def step(micros: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Callable]:
             micro = next(micros)
-            with torch.autocast(
-                "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
+            with (
+                torch.autocast(
+                    "cuda", dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
+                ),
+                self._routing(model, micro),
             ):
                 output, to_response = scores(model, micro)
 
@@ -421,7 +474,14 @@ class MegatronEngine(TrainingEngine):
         that returns the output), zeros on the others."""
         self._require_head(ModelHead.CAUSAL_LM, "compute_log_prob")
         mode = EntropyMode.DETACHED if calculate_entropy else EntropyMode.NONE
-        return self._no_grad_scores(batch, self._scores(temperature, mode), calculate_entropy)
+        replay = self.router_replay
+        with nullcontext() if replay is None else replay.recording_pass():  # R2's old log-probs
+            return self._no_grad_scores(batch, self._scores(temperature, mode), calculate_entropy)
+
+    def _routing(self, model: Any, micro: Batch) -> AbstractContextManager:
+        """Around a micro-batch's forward: router replay's recording or replaying."""
+        replay = self.router_replay
+        return nullcontext() if replay is None else replay.forward(model, micro)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of the response tokens (a critic); filled on the last stage, zeros on the
@@ -477,7 +537,9 @@ class MegatronEngine(TrainingEngine):
         mode = entropy_mode(loss_fn)
         entropy = EntropyMean()
         scored_loss = policy_loss(loss_fn, mode, entropy)
-        return self._train(mini_batch, self._scores(temperature, mode), scored_loss, entropy)
+        replay = self.router_replay
+        with nullcontext() if replay is None else replay.replaying_pass():  # R2
+            return self._train(mini_batch, self._scores(temperature, mode), scored_loss, entropy)
 
     def train_value_step(
         self, mini_batch: Batch, loss_fn: MicroBatchValueLossFn

@@ -18,6 +18,7 @@ from polyrl_engine_kit.settings import LORA_SECTIONS
 
 ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
 ACTOR_OPTIMIZER_OVERRIDES = "actor_rollout_ref.actor.optim.override_optimizer_config"
+ACTOR_ROUTER_REPLAY = "actor_rollout_ref.actor.router_replay"
 REF_MEGATRON = "actor_rollout_ref.ref.megatron"
 MODEL_LORA = "actor_rollout_ref.model.lora"
 CRITIC_MEGATRON = "critic.megatron"
@@ -124,6 +125,19 @@ class MegatronLora:
     freeze_language_model: bool = True
 
 
+@dataclass
+class RouterReplaySettings:
+    """verl's ``actor_rollout_ref.actor.router_replay`` (read by this engine for the actor,
+    :mod:`.router_replay`): ``mode=R2`` records the experts each token is routed to by the old
+    log-prob pass and routes the update's forward passes to them; ``disabled`` routes afresh.
+    R3 (the rollout engine's routing) and verl's routing dump files are refused by
+    :func:`.checks.router_replay_problems`."""
+
+    mode: str = "disabled"
+    record_file: Any = None
+    replay_file: Any = None
+
+
 def _following_actor() -> MegatronSettings:
     values: dict[str, Any] = {
         f.name: f"${{{ACTOR_MEGATRON}.{f.name}}}"
@@ -140,5 +154,6 @@ CONFIG_SECTIONS = {
     REF_MEGATRON: FOLLOWING_ACTOR,
     CRITIC_MEGATRON: FOLLOWING_ACTOR,
     ACTOR_OPTIMIZER_OVERRIDES: OptimizerOverrides,
+    ACTOR_ROUTER_REPLAY: RouterReplaySettings,
     MODEL_LORA: MegatronLora,
 }
