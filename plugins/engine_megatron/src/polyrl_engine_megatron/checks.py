@@ -14,6 +14,13 @@ from omegaconf import OmegaConf
 
 from polyrl.api import pool_of, role_world
 from polyrl_engine_kit.checks import DTYPES, actor_ref_problems, dtype_name, positive_int
+from polyrl_engine_megatron.settings import (
+    LORA_COLUMN_PARALLEL,
+    LORA_DROPOUT_POSITIONS,
+    LORA_INIT_METHODS,
+    LORA_ROW_PARALLEL,
+    MODEL_LORA,
+)
 from polyrl_engine_megatron.transformer_overrides import split, uneven_stage_problems
 
 ACTOR = "actor_rollout_ref.actor"
@@ -124,6 +131,82 @@ def dist_checkpoint_problems(megatron: Any, node: str) -> list[str]:
         f"{node}.use_dist_checkpointing=true needs {node}.dist_checkpointing_path, the folder of "
         f"a megatron-core dist checkpoint (verl's converter writes one)"
     ]
+
+
+def lora_problems(lora: Any) -> list[str]:
+    """One line per key of verl's Megatron LoRA group (a :class:`.settings.MegatronLora`
+    node) that this engine cannot honour; none with ``rank`` 0 (LoRA off: the rest unread, as
+    in verl)."""
+    rank = lora.rank
+    if not positive_int(rank) and rank != 0:
+        return [f"{MODEL_LORA}.rank={rank!r} must be an integer >= 0 (0: LoRA off), e.g. 32"]
+    if rank == 0:
+        return []
+    refused = f"(verl); {NOT_SUPPORTED}"
+    problems = []
+    if lora.type != "lora":
+        problems.append(
+            f"{MODEL_LORA}.type={lora.type} asks for {lora.type} adapters {refused}: use "
+            f"type=lora (one adapter per fused linear)"
+        )
+    if not isinstance(lora.alpha, (int, float)) or lora.alpha <= 0:
+        problems.append(f"{MODEL_LORA}.alpha={lora.alpha!r} must be a number > 0, e.g. 64")
+    if not isinstance(lora.dropout, (int, float)) or not 0 <= lora.dropout < 1:
+        problems.append(f"{MODEL_LORA}.dropout={lora.dropout!r} must be in [0, 1), e.g. 0.0")
+    if lora.dropout_position not in LORA_DROPOUT_POSITIONS:
+        problems.append(
+            f"{MODEL_LORA}.dropout_position={lora.dropout_position!r} must be pre or post"
+        )
+    for key in ("lora_A_init_method", "lora_B_init_method"):
+        if lora[key] not in LORA_INIT_METHODS:
+            problems.append(
+                f"{MODEL_LORA}.{key}={lora[key]!r} must be one of {', '.join(LORA_INIT_METHODS)}"
+            )
+    linears = LORA_COLUMN_PARALLEL + LORA_ROW_PARALLEL
+    targets = lora.target_modules
+    names = list(targets) if OmegaConf.is_list(targets) or isinstance(targets, list) else None
+    if not names or not all(isinstance(t, str) and t for t in names):
+        problems.append(
+            f"{MODEL_LORA}.target_modules={targets!r} must be a non-empty list of "
+            f"{', '.join(linears)} or patterns such as '*.layers.0.*.linear_qkv'"
+        )
+    else:
+        unknown = [t for t in names if "*" not in t and t not in linears]
+        if unknown:
+            problems.append(
+                f"{MODEL_LORA}.target_modules names {', '.join(unknown)}: adapters on other "
+                f"modules than {', '.join(linears)} (canonical LoRA's split linears, MLA's, "
+                f"the MoE router) {refused}: use those four"
+            )
+    # key -> (set otherwise than verl's default, the feature, what to do instead)
+    given = {
+        "exclude_modules": (
+            bool(lora.exclude_modules),
+            "adapting every linear but the excluded ones",
+            "list the adapted linears in target_modules",
+        ),
+        "a2a_experimental": (
+            bool(lora.a2a_experimental),
+            "LoRA's all-to-all under sequence parallelism",
+            "leave it false (the adapters gather and scatter the sequence as their linears do)",
+        ),
+        "adapter_path": (
+            lora.adapter_path not in (None, ""),
+            "starting from saved Megatron adapters",
+            "leave it null (fresh adapters)",
+        ),
+        "dtype": (
+            lora.dtype is not None and str(lora.dtype) not in FLOAT32,
+            "adapters stored in a lower precision",
+            "leave it null (float32 adapters, computed in actor_rollout_ref.model.dtype)",
+        ),
+    }
+    problems += [
+        f"{MODEL_LORA}.{key}={lora[key]} asks for {feature} {refused}: {instead}"
+        for key, (changed, feature, instead) in given.items()
+        if changed
+    ]
+    return problems
 
 
 # tensor, pipeline, virtual (or None), expert, context
@@ -267,6 +350,7 @@ def check_config(cfg: Any) -> list[str]:
         problems += uneven_stage_problems(given, megatron.pipeline_model_parallel_size, where)
         problems += dist_checkpoint_problems(megatron, node)
     problems += _critic_problems(cfg)
+    problems += lora_problems(arr.model.lora)
     problems += optimizer_override_lines(actor.optim.override_optimizer_config)[0]
     problems += router_replay_problems(actor.router_replay)
     sizes = parallel_problems(actor.megatron)

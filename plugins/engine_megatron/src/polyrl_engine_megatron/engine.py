@@ -64,6 +64,7 @@ from polyrl_engine_megatron import checkpoint as mckpt
 from polyrl_engine_megatron.checks import (
     dist_checkpoint_problems,
     dtype_problem,
+    lora_problems,
     optimizer_override_lines,
     parallel_problems,
     router_replay_problems,
@@ -82,6 +83,7 @@ from polyrl_engine_megatron.convert import (
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
 from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
+from polyrl_engine_megatron.lora import LoraSpec, adapted_modules, add_adapters, merge_adapters
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
 from polyrl_engine_megatron.moe import gathered_experts, is_expert, stack_experts
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
@@ -172,6 +174,33 @@ def _transformer_overrides(
         log.warning("%s", line)
     recompute, _ = recompute_plan(given, gradient_checkpointing=gradient_checkpointing)
     return passed, recompute
+
+
+def _lora(ctx: EngineContext, shape: GPTShape) -> LoraSpec | None:
+    """verl's ``actor_rollout_ref.model.lora`` for the actor being trained (the reference and a
+    critic run the base model), after the same checks as ``polyrl validate``; None with LoRA
+    off."""
+    if not ctx.trainable or ctx.role == "ref" or ModelHead(ctx.head) is not ModelHead.CAUSAL_LM:
+        return None
+    node = schema_node(ctx.model, "actor_rollout_ref.model").lora
+    problems = lora_problems(node)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    spec = LoraSpec.from_node(node)
+    if spec is None:
+        return None
+    if shape.moe:
+        raise ConfigError(
+            "actor_rollout_ref.model.lora.rank > 0 on a mixture-of-experts model asks for LoRA "
+            "on experts (verl); polyrl does not support it: use a dense model or lora.rank=0"
+        )
+    if not adapted_modules(spec, shape.num_layers):
+        raise ConfigError(
+            f"actor_rollout_ref.model.lora.target_modules={list(spec.targets)} selects none of "
+            f"the model's linears; use linear_qkv, linear_proj, linear_fc1, linear_fc2 or a "
+            f"pattern over their full names such as '*.layers.0.*.linear_qkv'"
+        )
+    return spec
 
 
 def _router_replay(ctx: EngineContext, shape: GPTShape, recompute: Recompute) -> bool:
@@ -282,6 +311,7 @@ class MegatronEngine(TrainingEngine):
         replays = _router_replay(ctx, self.shape, recompute)
         if replays:  # megatron-core's routers record or take their top-k indices
             overrides = {**overrides, "moe_enable_routing_replay": True}
+        self.lora = _lora(ctx, self.shape)
         self.split = StageSplit.from_overrides(overrides)
         stages = virtual_stages(self.shape.num_layers, self.pp, self.vpp, self.split)
         # this rank's model chunks: its stage, or chunk v of it at [v * pp + pp_rank] (VPP)
@@ -303,6 +333,10 @@ class MegatronEngine(TrainingEngine):
                 expert_parallel=self.ep,
             )
             self._load_weights(ctx, chunk)
+            if self.lora is not None:  # on the loaded weights, which it freezes
+                add_adapters(
+                    chunk.module, chunk.stage, self.lora, seed=ctx.seed, tp_rank=self.tp_rank
+                )
         self.is_last_stage = self.chunks[-1].stage.is_last
         self.mesh = DataParallelRank(
             dp_rank=parallel_state.get_data_parallel_rank(),
@@ -353,7 +387,8 @@ class MegatronEngine(TrainingEngine):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         cpu_offload = _cpu_offload(ctx) if self.trainable else CpuOffloadSettings()
-        self.host_step = HostStep(self.model.parameters(), cpu_offload)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters
+        self.host_step = HostStep(trained, cpu_offload)
         if self.trainable:
             self.optimizer = build_adamw(self.host_step.stepped, self.settings.optim)
             self.scheduler = build_scheduler(self.optimizer, self.settings.optim)
@@ -647,7 +682,13 @@ class MegatronEngine(TrainingEngine):
         def untied(stage: PipelineStage, name: str) -> bool:
             return not is_tied_copy(name, self.shape, stage)
 
-        for stage, name, shard in self.stage_weights.stream(untied):
+        stream = self.stage_weights.stream(untied)
+        if self.lora is not None:  # each rank's shard merged before any gather (:mod:`.lora`)
+            lora = self.lora
+            stream = merge_adapters(
+                stream, lora.scale, lambda stage, module: lora.adapts(stage.global_name(module))
+            )
+        for stage, name, shard in stream:
             if self.ep > 1 and is_expert(name):  # each expert-parallel rank's own experts
                 yield from self._expert_weights(stage, name, shard)
                 continue
@@ -710,6 +751,8 @@ class MegatronEngine(TrainingEngine):
             layout[mckpt.VIRTUAL] = self.vpp
         if self.ep > 1:  # a shard per expert-parallel rank, each with its own experts
             layout[mckpt.EXPERT] = self.ep
+        if self.lora is not None:  # the shards hold adapters: the reader merges them
+            layout[mckpt.LORA_SCALE] = self.lora.scale
         if not self.split.even:  # uneven stages: what the reader needs to place the layers
             layout[mckpt.STAGE_LAYERS] = [s.num_layers for s in self.stage_weights.stages]
         return layout
