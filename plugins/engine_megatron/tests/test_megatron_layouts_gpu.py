@@ -2,8 +2,9 @@
 same models with the stages and experts driven by hand; megatron-core's schedules need CUDA):
 in float32, every layout gives the one-stage engine's log-probs, and one training step the same
 grad norm and weights. Layouts: uneven stages (1 + 3 decoder layers), interleaved stages (PP=2 x
-VPP=2), a Qwen2-MoE at EP=2 (2 GPUs), and the host-stepped optimizer (verl's
-``optim.override_optimizer_config``, 1 GPU). Run on the GPU machine with
+VPP=2), a Qwen2-MoE at EP=2 and at TP=2 x EP=2 (sequence-parallel; 2 GPUs), and the
+host-stepped optimizer (verl's ``optim.override_optimizer_config``, 1 GPU). Run on the GPU
+machine with
 ``pytest -m gpu plugins/engine_megatron/tests/test_megatron_layouts_gpu.py``."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LAYOUTS = {
         "megatron": {"virtual_pipeline_model_parallel_size": 2},
     },
     "experts": {"megatron": {"expert_model_parallel_size": 2}},
+    "tensor_experts": {"tensor_parallel": 2, "megatron": {"expert_model_parallel_size": 2}},
 }
 
 
@@ -92,7 +94,7 @@ def _compare(reference: dict, results: list[dict]) -> None:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_a_layout_equals_the_one_stage_engine(tmp_path, name: str) -> None:
     """``noisy_loss`` draws from the global RNG: both runs seed it alike (megatron_context)."""
-    path = _model(str(tmp_path / "model"), moe=name == "experts")
+    path = _model(str(tmp_path / "model"), moe=name in ("experts", "tensor_experts"))
     (reference,) = run_on_ranks(_step, 1, path, {}, backend="nccl", timeout_s=600)
     # data parallelism with the reference's rows on both ranks: the same mean gradient
     results = run_on_ranks(_step, 2, path, LAYOUTS[name], backend="nccl", timeout_s=600)
