@@ -101,7 +101,10 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "*.megatron.override_*": Refused("overriding Megatron's model/DDP config", "remove it"),
     "*.megatron.use_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
     "*.megatron.vanilla_mbridge": NoEffect("polyrl converts Hugging Face weights itself"),
-    "*.megatron.sequence_parallel": NoEffect("the engine chooses it from the tensor size"),
+    "*.megatron.sequence_parallel": NoEffect(
+        "the Megatron engine runs sequence-parallel whenever tensor_model_parallel_size > 1 "
+        "(megatron-core's MoE layers need it; a dense model computes the same either way)"
+    ),
     "*.megatron.use_distributed_optimizer": NoEffect("the engine's optimizer is its own"),
     "*.megatron.seed": NoEffect("trainer.seed seeds every engine"),
     "*.megatron.dtype": NoEffect("actor_rollout_ref.model.dtype sets it"),
@@ -136,7 +139,12 @@ DISPOSITIONS: dict[str, Refused | NoEffect | PerGpu] = {
     "actor_rollout_ref.rollout.agent.*": Refused("the agent loop", "single-turn generation"),
     "actor_rollout_ref.rollout.mode": NoEffect("polyrl's rollout generates the batch at once"),
     "actor_rollout_ref.rollout.*routing_replay": Refused("MoE router replay", "remove it"),
-    "*.router_replay.*": Refused("MoE router replay", "remove it"),
+    # polyrl-engine-megatron declares the actor's group (its engine runs R2): judged here only
+    # when that package is not installed, and for the reference.
+    "*.router_replay.*": Refused(
+        "MoE router replay without polyrl-engine-megatron",
+        "polyrl-engine-megatron with actor_rollout_ref.actor.strategy=megatron (mode=R2)",
+    ),
     "actor_rollout_ref.rollout.data_parallel_size": Refused(
         "rollout data/expert/pipeline parallelism",
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
@@ -505,6 +513,7 @@ def check(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> tuple[list
     loop = [(key, value) for key, value in changed if key.startswith(f"{REWARD_LOOP}.")]
     problems, notices = reward_loop_lines(cfg, loop)
     problems += strategy_problems(cfg)
+    problems += router_replay_problems(cfg, declared)
     notices += [line for line in [unread_do_sample_notice(cfg)] if line]
     notices += strategy_notices(cfg)
     for key, value in changed:
@@ -557,6 +566,22 @@ def strategy_problems(cfg: DictConfig) -> list[str]:
         f"{'/'.join(strategies)}; with actor_rollout_ref.actor.strategy={strategy} use {use}"
         for key, (strategies, feature, use) in STRATEGY_ONLY.items()
         if OmegaConf.select(cfg, key, default=None) and strategy not in strategies
+    ]
+
+
+ROUTER_REPLAY = "actor_rollout_ref.actor.router_replay.mode"
+
+
+def router_replay_problems(cfg: DictConfig, declared: set[str]) -> list[str]:
+    """verl's router replay under a strategy other than megatron: the key is declared by
+    polyrl-engine-megatron, whose engine alone reads it (verl's FSDP workers do not either)."""
+    mode = OmegaConf.select(cfg, ROUTER_REPLAY, default=None)
+    strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
+    if ROUTER_REPLAY not in declared or mode in (None, "disabled") or strategy == "megatron":
+        return []
+    return [
+        f"{ROUTER_REPLAY}={mode} asks for MoE router replay with actor_rollout_ref.actor."
+        f"strategy={strategy} (verl); {NOT_SUPPORTED}: router replay runs in strategy=megatron"
     ]
 
 
