@@ -170,6 +170,25 @@ def test_a_hash_match_with_other_tokens_is_no_hit():
     assert cache.lookup(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long)) == [None]
 
 
+def test_the_longest_kept_prompt_is_found_under_any_padding():
+    """Keys hash the real tokens only (not the padding before them), in wrapping 64-bit
+    arithmetic: large ids overflow the products and must still match."""
+    from polyrl_rollout_hf.prefix_cache import Block
+
+    big = 2**40 + 3
+    cache = PrefixCache()
+    cache.begin_call()
+    kept = torch.tensor([[0, 0, big, 6], [big, 6, 7, 8]])
+    layers = [(torch.zeros(2, 1, 4, 2), torch.zeros(2, 1, 4, 2))]
+    cache.store(kept, (torch.arange(4) >= torch.tensor([[2], [0]])).long(), Block(layers))
+    ids = torch.tensor([[0, 0, big, 6, 7, 8, 9], [0, 0, 0, big, 6, 7, 9], [0, 0, 0, big, 5, 7, 8]])
+    mask = (torch.arange(7) >= torch.tensor([[2], [3], [3]])).long()
+    first, second, third = cache.lookup(ids, mask)
+    assert (first.row, first.length) == (1, 4)
+    assert (second.row, second.length) == (0, 2)
+    assert third is None
+
+
 def test_a_longer_held_ladder_serves_a_shorter_call(model_dir):
     engine = make_engine(model_dir, PATHS["continuous"], prefix_cache="true")
     pool = engine.static_decode
