@@ -128,8 +128,9 @@ class HFRolloutEngine(RolloutEngine):
     ``true``: the static step runs the written-out decoder layers of
     :mod:`polyrl_rollout_hf.fused_step` for a Llama-family model, transformers' forward
     otherwise, and ``true`` refuses a model it cannot run; ``false``: transformers' forward) and
-    ``compile`` (``true``, and ``auto`` on CUDA: the fused step and the sampling run through
-    ``torch.compile``, cached on disk by :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
+    ``compile`` (``true``, and ``auto`` on CUDA: the fused step, the continued prefill's layers
+    and the sampling run through ``torch.compile``, cached on disk by
+    :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
     ``auto`` on CPU: eager). ``prefix_cache`` (``true``, and ``auto`` when
     ``multi_turn.enable``: keep the last call's KV, of its prompts or, with continuous
     batching, of its prompts and responses, so that a prompt extending one of them, a
