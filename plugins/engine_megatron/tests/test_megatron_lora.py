@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from mcore_context import one_rank_model_parallel  # noqa: F401 (a fixture)
 from omegaconf import OmegaConf
+from test_megatron_moe import cpu_router  # noqa: F401 (a fixture)
 from test_megatron_stages import _hf_model, _log_probs
 
 from polyrl.api.testing import schema_config
@@ -22,7 +23,7 @@ from polyrl_engine_kit.checkpoint import loop_state
 from polyrl_engine_kit.launch import run_on_ranks
 from polyrl_engine_megatron.checks import check_config
 from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, pipeline_stages, split_dim
-from polyrl_engine_megatron.lora import LoraSpec, adapted_modules, merge_adapters
+from polyrl_engine_megatron.lora import LoraSpec, merge_adapters, merged_state
 
 pytest.importorskip("megatron.core")
 
@@ -46,13 +47,14 @@ def _cfg(*overrides: str):
 def test_targets_follow_megatron_bridges_rule() -> None:
     spec = LoraSpec(rank=2, alpha=4.0, targets=("linear_proj", "*.layers.1.*.linear_qkv"))
     assert spec.scale == 2.0
-    assert adapted_modules(spec, 3) == [
-        "decoder.layers.0.self_attention.linear_proj",
-        "decoder.layers.1.self_attention.linear_qkv",
-        "decoder.layers.1.self_attention.linear_proj",
-        "decoder.layers.2.self_attention.linear_proj",
-    ]
-    assert not spec.adapts("output_layer") and not spec.adapts("decoder.layers.0.mlp.linear_fc1")
+    assert spec.adapts("decoder.layers.0.self_attention.linear_proj")
+    assert spec.adapts("decoder.layers.1.self_attention.linear_qkv")
+    assert not spec.adapts("decoder.layers.0.self_attention.linear_qkv")
+    assert not spec.adapts("decoder.layers.0.mlp.linear_fc1")
+    assert not spec.adapts("output_layer")
+    experts = LoraSpec(rank=2, alpha=4.0, targets=("linear_fc1",))
+    assert experts.adapts("decoder.layers.0.mlp.experts.local_experts.3.linear_fc1")
+    assert not experts.adapts("decoder.layers.0.mlp.router")
 
 
 def test_verl_keys_checked_in_one_line_each() -> None:
@@ -157,7 +159,7 @@ def _scenario(rank: int, world: int, path: str, folder: str, spec: LoraSpec) -> 
     model = built()
     with torch.no_grad():
         base = log_probs(model)
-    adapted = add_adapters(model, stage, spec, seed=0, tp_rank=rank)
+    adapted = add_adapters(model, spec, seed=0, global_name=stage.global_name)
     with torch.no_grad():
         at_init = log_probs(model)
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
@@ -203,7 +205,7 @@ def _scenario(rank: int, world: int, path: str, folder: str, spec: LoraSpec) -> 
     extra = {**loop_state(STEPS, None, cpu), "layout": saved}
     mckpt.save(folder, model, optimizer, extra, shard=shard, writes_shard=True)
     fresh = built()
-    add_adapters(fresh, stage, spec, seed=1, tp_rank=rank)
+    add_adapters(fresh, spec, seed=1, global_name=stage.global_name)
     fresh.eval()
     resumed_optimizer = torch.optim.AdamW(
         [p for p in fresh.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0
@@ -250,8 +252,11 @@ def test_lora_at_tp1_and_tp2(tmp_path) -> None:
     assert one["adapted"] == 12  # four linears in each of three layers
     assert torch.equal(one["at_init"], one["base"])
     # the first step moves every B (A's gradient is B's, zero at init) and nothing else
+    linears = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1")
     assert one["changed_first_step"] == sorted(
-        f"{module}.adapter.lora_B" for module in adapted_modules(SPEC, 3)
+        f"decoder.layers.{layer}.{linear}.adapter.lora_B"
+        for layer in range(3)
+        for linear in (*linears, "mlp.linear_fc2")
     )
     assert one["base_unchanged"] and all(r["base_unchanged"] for r in two)
     assert one["losses"][-1] < 0.9 * one["losses"][0]
@@ -309,10 +314,58 @@ def test_dropout_only_while_training(tmp_path) -> None:
             device=torch.device("cpu"),
         )
         load_hf_weights(model, path, shape, stage, 0, False)
-        add_adapters(model, stage, spec, seed=0, tp_rank=0)
+        add_adapters(model, spec, seed=0, global_name=stage.global_name)
         adapter = model.decoder.layers[0].self_attention.linear_qkv.adapter
         adapter.eval()
         expected = spec.scale * (x @ adapter.lora_A.T) @ adapter.lora_B.T
         torch.testing.assert_close(adapter(x), expected.detach())
         adapter.train()
         assert not torch.allclose(adapter(x), expected)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe"])
+@pytest.mark.usefixtures("cpu_router", "one_rank_model_parallel")
+def test_experts_and_shared_expert_get_adapters(family: str) -> None:
+    """A MoE model's routed experts (and Qwen2-MoE's shared expert) are adapted like dense
+    linears; the merged weights, joined into transformers' fused experts, give the adapted
+    model's log-probs."""
+    from test_megatron_moe import _backward, _model, _to_hf
+
+    from polyrl_engine_megatron.convert import hf_to_megatron, stage_shards
+    from polyrl_engine_megatron.lora import add_adapters
+    from polyrl_engine_megatron.model import build_gpt_model
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    hf_model = _model(family)
+    shape = GPTShape.from_hf_config(hf_model.config, 1)
+    (stage,) = pipeline_stages(shape.num_layers, 1)
+    model = build_gpt_model(
+        shape,
+        hf_model.config,
+        stage,
+        pipeline_parallel=1,
+        recompute=Recompute(),
+        overrides={"moe_token_dispatcher_type": "allgather", "variable_seq_lengths": False},
+        device=torch.device("cpu"),
+    )
+    shards = stage_shards(hf_to_megatron(hf_model.state_dict(), shape), shape, stage)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(shards[name][0])
+    spec = LoraSpec(rank=2, alpha=3.0, targets=SPEC.targets, b_init="normal")
+    adapted = add_adapters(model, spec, seed=0, global_name=stage.global_name)
+    shared = 2 if family == "qwen2_moe" else 0  # the shared expert's fc1 and fc2
+    assert adapted == shape.num_layers * (2 + 2 * shape.moe.num_experts + shared)
+    ids = _tokens()
+    log_probs = _backward(model, ids, shape)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    with torch.no_grad():  # the adapters change the model
+        base = _log_probs(hf_model(ids).logits, ids)
+    assert (log_probs.detach() - base).abs().max() > 1e-3
+    weights = {name: param.detach() for name, param in model.named_parameters()}
+    merged = merged_state(weights, spec.scale)
+    hf_model.load_state_dict(_to_hf({name: [t] for name, t in merged.items()}, shape))
+    with torch.no_grad():
+        expected = _log_probs(hf_model(ids).logits, ids)
+    torch.testing.assert_close(log_probs.detach(), expected, rtol=1e-5, atol=1e-5)

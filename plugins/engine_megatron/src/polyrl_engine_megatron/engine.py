@@ -83,9 +83,14 @@ from polyrl_engine_megatron.convert import (
 from polyrl_engine_megatron.cpu_optimizer import CpuOffloadSettings, HostStep
 from polyrl_engine_megatron.dist_checkpoint import load_dist_checkpoint
 from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
-from polyrl_engine_megatron.lora import LoraSpec, adapted_modules, add_adapters, merge_adapters
+from polyrl_engine_megatron.lora import LoraSpec, add_adapters, merge_adapters
 from polyrl_engine_megatron.model import build_gpt_model, init_model_parallel, load_hf_weights
-from polyrl_engine_megatron.moe import gathered_experts, is_expert, stack_experts
+from polyrl_engine_megatron.moe import (
+    gathered_experts,
+    global_expert_name,
+    is_expert,
+    stack_experts,
+)
 from polyrl_engine_megatron.offload import HostOffload, OffloadSettings
 from polyrl_engine_megatron.pipeline import StageWeights, at_least, run_schedule
 from polyrl_engine_megatron.router_replay import RouterReplayR2
@@ -176,7 +181,7 @@ def _transformer_overrides(
     return passed, recompute
 
 
-def _lora(ctx: EngineContext, shape: GPTShape) -> LoraSpec | None:
+def _lora(ctx: EngineContext) -> LoraSpec | None:
     """verl's ``actor_rollout_ref.model.lora`` for the actor being trained (the reference and a
     critic run the base model), after the same checks as ``polyrl validate``; None with LoRA
     off."""
@@ -186,21 +191,7 @@ def _lora(ctx: EngineContext, shape: GPTShape) -> LoraSpec | None:
     problems = lora_problems(node)
     if problems:
         raise ConfigError("; ".join(problems))
-    spec = LoraSpec.from_node(node)
-    if spec is None:
-        return None
-    if shape.moe:
-        raise ConfigError(
-            "actor_rollout_ref.model.lora.rank > 0 on a mixture-of-experts model asks for LoRA "
-            "on experts (verl); polyrl does not support it: use a dense model or lora.rank=0"
-        )
-    if not adapted_modules(spec, shape.num_layers):
-        raise ConfigError(
-            f"actor_rollout_ref.model.lora.target_modules={list(spec.targets)} selects none of "
-            f"the model's linears; use linear_qkv, linear_proj, linear_fc1, linear_fc2 or a "
-            f"pattern over their full names such as '*.layers.0.*.linear_qkv'"
-        )
-    return spec
+    return LoraSpec.from_node(node)
 
 
 def _router_replay(ctx: EngineContext, shape: GPTShape, recompute: Recompute) -> bool:
@@ -311,7 +302,7 @@ class MegatronEngine(TrainingEngine):
         replays = _router_replay(ctx, self.shape, recompute)
         if replays:  # megatron-core's routers record or take their top-k indices
             overrides = {**overrides, "moe_enable_routing_replay": True}
-        self.lora = _lora(ctx, self.shape)
+        self.lora = _lora(ctx)
         self.split = StageSplit.from_overrides(overrides)
         stages = virtual_stages(self.shape.num_layers, self.pp, self.vpp, self.split)
         # this rank's model chunks: its stage, or chunk v of it at [v * pp + pp_rank] (VPP)
@@ -333,10 +324,8 @@ class MegatronEngine(TrainingEngine):
                 expert_parallel=self.ep,
             )
             self._load_weights(ctx, chunk)
-            if self.lora is not None:  # on the loaded weights, which it freezes
-                add_adapters(
-                    chunk.module, chunk.stage, self.lora, seed=ctx.seed, tp_rank=self.tp_rank
-                )
+        if self.lora is not None:  # on the loaded weights, which they freeze
+            self._add_adapters(self.lora, ctx.seed)
         self.is_last_stage = self.chunks[-1].stage.is_last
         self.mesh = DataParallelRank(
             dp_rank=parallel_state.get_data_parallel_rank(),
@@ -404,6 +393,35 @@ class MegatronEngine(TrainingEngine):
             OffloadSettings.from_node(_megatron_node(ctx)),
         )
         self.offload.start()
+
+    def _add_adapters(self, lora: LoraSpec, seed: int) -> None:
+        """LoRA adapters on every chunk's targeted linears; one line if the targets select
+        none on any stage (collective over the pipeline group)."""
+        count = sum(
+            add_adapters(
+                chunk.module,
+                lora,
+                seed=seed,
+                global_name=lambda name, stage=chunk.stage: self._global(stage, name),
+            )
+            for chunk in self.chunks
+        )
+        total = torch.tensor(count, device=self.device)
+        dist.all_reduce(total, group=self.pp_group)
+        if not int(total):
+            raise ConfigError(
+                f"actor_rollout_ref.model.lora.target_modules={list(lora.targets)} selects none "
+                f"of the model's linears; use linear_qkv, linear_proj, linear_fc1, linear_fc2 or "
+                f"a pattern over their full names such as '*.layers.0.*.linear_qkv'"
+            )
+
+    def _global(self, stage: PipelineStage, name: str) -> str:
+        """The whole model's name of this rank's module or weight ``name`` of ``stage``: its
+        layer numbers, and with expert parallelism its experts' numbers."""
+        name = stage.global_name(name)
+        if self.ep > 1 and self.shape.moe:
+            name = global_expert_name(name, self.ep_rank, self.shape.moe.num_experts // self.ep)
+        return name
 
     def _load_weights(self, ctx: EngineContext, chunk: ModelChunk) -> None:
         """A chunk's initial weights: from the HF folder, or verl's megatron dist checkpoint."""
@@ -686,7 +704,7 @@ class MegatronEngine(TrainingEngine):
         if self.lora is not None:  # each rank's shard merged before any gather (:mod:`.lora`)
             lora = self.lora
             stream = merge_adapters(
-                stream, lora.scale, lambda stage, module: lora.adapts(stage.global_name(module))
+                stream, lora.scale, lambda stage, module: lora.adapts(self._global(stage, module))
             )
         for stage, name, shard in stream:
             if self.ep > 1 and is_expert(name):  # each expert-parallel rank's own experts

@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from polyrl_engine_megatron.convert import PipelineStage
 from polyrl_engine_megatron.settings import (
     LORA_COLUMN_PARALLEL,
     LORA_INIT_METHODS,
@@ -99,17 +98,6 @@ class LoraSpec:
         return any(fnmatch.fnmatchcase(module, t) if "*" in t else t == leaf for t in self.targets)
 
 
-def adapted_modules(spec: LoraSpec, num_layers: int) -> list[str]:
-    """The whole model's adapted linears (a dense GPTModel of ``num_layers`` decoder layers)."""
-    parents = {"linear_qkv": "self_attention", "linear_proj": "self_attention"}
-    return [
-        f"decoder.layers.{layer}.{parents.get(linear, 'mlp')}.{linear}"
-        for layer in range(num_layers)
-        for linear in LINEARS
-        if spec.adapts(f"decoder.layers.{layer}.{parents.get(linear, 'mlp')}.{linear}")
-    ]
-
-
 def _initial(shape: tuple[int, int], method: str, generator: torch.Generator) -> torch.Tensor:
     """A whole adapter matrix drawn as Megatron-Bridge's init methods draw it: ``xavier``
     normal, ``kaiming`` uniform with ``a = sqrt(5)``, ``normal`` with std 0.2, ``zero``."""
@@ -141,9 +129,9 @@ class LoraAdapter(nn.Module):
         column: bool,
         spec: LoraSpec,
         sequence_parallel: bool,
+        tp_group: Any,
     ) -> None:
         super().__init__()
-        from megatron.core import parallel_state
         from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
         self.lora_A = nn.Parameter(lora_a)
@@ -158,7 +146,7 @@ class LoraAdapter(nn.Module):
         self.scale = spec.scale
         self.dropout = spec.dropout
         self.dropout_position = spec.dropout_position
-        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_group = tp_group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from megatron.core.tensor_parallel import (
@@ -196,22 +184,24 @@ def _add_adapter_output(
 
 
 def add_adapters(
-    model: nn.Module, stage: PipelineStage, spec: LoraSpec, *, seed: int, tp_rank: int
+    model: nn.Module, spec: LoraSpec, *, seed: int, global_name: Callable[[str], str]
 ) -> int:
-    """Adapters on this stage's targeted linears of ``model`` (a GPTModel chunk on its device),
-    every other parameter frozen; returns how many linears were adapted."""
+    """Adapters on the targeted linears of ``model`` (a GPTModel chunk on its device), every
+    other parameter frozen; returns how many linears were adapted. ``global_name``: a module's
+    name in the whole model (its layer and expert numbers), which targets and seeds it. A
+    linear is split over its own tensor-parallel group (a routed expert's: the expert
+    tensor-parallel group, of one rank here)."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     count = 0
     for name, module in list(model.named_modules()):
-        if not spec.adapts(stage.global_name(name)):
+        if not spec.adapts(global_name(name)):
             continue
         column = isinstance(module, ColumnParallelLinear)
         if not column and not isinstance(module, RowParallelLinear):
             raise TypeError(f"{name} is a {type(module).__name__}, not a tensor-parallel linear")
-        generator = torch.Generator().manual_seed(
-            seed + zlib.crc32(stage.global_name(name).encode())
-        )
+        generator = torch.Generator().manual_seed(seed + zlib.crc32(global_name(name).encode()))
+        tp_rank = module.tp_group.rank()
         lora_a = _initial((spec.rank, module.input_size), spec.a_init, generator)
         lora_b = _initial((module.output_size, spec.rank), spec.b_init, generator)
         if column:
@@ -227,6 +217,7 @@ def add_adapters(
             column,
             spec,
             bool(module.sequence_parallel),
+            module.tp_group,
         )
         module.requires_grad_(False)
         module.add_module(ADAPTER, adapter)
