@@ -650,8 +650,9 @@ class MegatronEngine(TrainingEngine):
             from megatron.core import parallel_state
 
             shared = ends[0].module.shared_embedding_or_output_weight()
-            tied = next(g for p, g in zip(params, grads) if p is shared)
-            dist.all_reduce(tied, group=parallel_state.get_embedding_group())
+            # frozen on both ends with LoRA: nothing to sum
+            for tied in [g for p, g in zip(params, grads) if p is shared]:
+                dist.all_reduce(tied, group=parallel_state.get_embedding_group())
         counted = [
             (name, grad)
             for (stage, name, _), grad in zip(named, grads)
