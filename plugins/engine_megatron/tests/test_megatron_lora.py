@@ -369,3 +369,86 @@ def test_experts_and_shared_expert_get_adapters(family: str) -> None:
     with torch.no_grad():
         expected = _log_probs(hf_model(ids).logits, ids)
     torch.testing.assert_close(log_probs.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _expert_parallel_scenario(rank: int, world: int, path: str) -> dict:
+    """A Qwen2-MoE with adapters everywhere (B drawn too, so they change the model) at
+    EP=``world``, each rank its own tokens through megatron-core's all-to-all dispatcher; the
+    adapters seeded by the model-wide expert numbers, as the engine seeds them; the merged
+    weights streamed as the engine streams them (each rank's experts gathered after merging)."""
+    from megatron.core import parallel_state
+    from test_megatron_moe import _backward, _cpu_moe, _rank_tokens
+    from transformers import AutoConfig
+
+    from polyrl_engine_megatron.lora import add_adapters
+    from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
+    from polyrl_engine_megatron.moe import (
+        gathered_experts,
+        global_expert_name,
+        is_expert,
+        stack_experts,
+    )
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    _cpu_moe()
+    parallel_state.initialize_model_parallel(
+        1, 1, expert_model_parallel_size=world, expert_tensor_parallel_size=1
+    )
+    hf_config = AutoConfig.from_pretrained(path)
+    shape = GPTShape.from_hf_config(hf_config, 1)
+    (stage,) = pipeline_stages(shape.num_layers, 1)
+    model = build_gpt_model(
+        shape,
+        hf_config,
+        stage,
+        pipeline_parallel=1,
+        recompute=Recompute(),
+        device=torch.device("cpu"),
+        expert_parallel=world,
+    )
+    load_hf_weights(model, path, shape, stage, 0, False, expert_rank=rank, expert_parallel=world)
+    per_rank = shape.moe.num_experts // world
+
+    def global_name(name: str) -> str:
+        return global_expert_name(stage.global_name(name), rank, per_rank)
+
+    spec = LoraSpec(rank=2, alpha=3.0, targets=SPEC.targets, b_init="normal")
+    add_adapters(model, spec, seed=0, global_name=global_name)
+    log_probs = _backward(model, _rank_tokens(rank), shape)
+    group = parallel_state.get_expert_model_parallel_group()
+    weights = {}
+    local = ((None, name, param.detach()) for name, param in model.named_parameters())
+    for _, name, tensor in merge_adapters(
+        local, spec.scale, lambda _, module: spec.adapts(global_name(module))
+    ):
+        pairs = [(name, tensor)]
+        if is_expert(name):
+            pairs = list(gathered_experts(name, tensor, group, world, per_rank))
+        for megatron_name, weight in pairs:
+            weights.update(megatron_to_hf(megatron_name, [weight], shape))
+    parallel_state.destroy_model_parallel()
+    merged = dict(stack_experts(iter(weights.items()), shape.moe.num_experts))
+    return {"log_probs": log_probs.detach(), "merged": merged}
+
+
+def test_expert_parallel_adapters_start_and_merge_alike(tmp_path) -> None:
+    """EP=2 starts from the adapters EP=1 draws, and its merged stream (the same on both
+    ranks) is the model each rank computed on its own tokens."""
+    from test_megatron_moe import _model, _rank_tokens
+
+    path = str(tmp_path / "hf")
+    hf_model = _model("qwen2_moe")
+    hf_model.save_pretrained(path)
+    (one,) = run_on_ranks(_expert_parallel_scenario, 1, path, timeout_s=150)
+    two = run_on_ranks(_expert_parallel_scenario, 2, path, timeout_s=150)
+    for result in two:
+        assert result["merged"].keys() == one["merged"].keys()
+        for name, tensor in one["merged"].items():
+            torch.testing.assert_close(result["merged"][name], tensor, rtol=0, atol=1e-6)
+    hf_model.load_state_dict(one["merged"])
+    with torch.no_grad():
+        for rank, result in enumerate(two):
+            ids = _rank_tokens(rank)
+            expected = _log_probs(hf_model(ids).logits, ids)
+            torch.testing.assert_close(result["log_probs"], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(two[0]["log_probs"], one["log_probs"], rtol=1e-5, atol=1e-5)
