@@ -16,12 +16,16 @@ shard of ``W + scale * B @ A``:
   ``A_i x_i`` are summed over the ranks (megatron-core's reduce-from region, as the base sums
   ``W_i x_i``) before ``B``.
 
+With sequence parallelism the same holds along the sequence (:class:`LoraAdapter`). A routed
+expert's linear is split over its own group, the expert tensor-parallel one of one rank: its
+``A`` and ``B`` are whole, and they are expert parameters like its weight.
+
 The adapter hangs off its base linear as the submodule ``adapter`` (parameters
 ``<linear>.adapter.lora_A`` / ``lora_B``) and joins the base's output through a forward hook,
 so the base's own parameter names, its weight loading and its conversion stay as they are.
 Initial values are drawn for the whole matrix from a generator seeded by the run's seed and the
-module's name in the whole model, then sliced: every tensor-parallel and pipeline layout starts
-from the same adapters.
+module's name in the whole model (layer and expert numbers), then sliced: every tensor-,
+pipeline- and expert-parallel layout starts from the same adapters.
 
 Merging (:func:`merge_adapters`) works on each rank's shards before any gather: ``W_i + scale *
 B_i @ A`` (column) and ``W_i + scale * B @ A_i`` (row) are the shards of the merged weight, so
