@@ -1,10 +1,13 @@
 """Context parallelism on the CPU: the load-balanced split covers every token once and gives each
-packed sequence's chunk its keys up to the chunk's end; and a Qwen2 built by the engine on 2
-gloo ranks of one context-parallel group (megatron-core's parallel state with
-``context_parallel_size=2``), each rank running its share of every sequence through the
-engine's scorer (packed rows and padded rows, sequence lengths that 2 x CP does not divide), gives
+packed sequence's chunk its keys up to the chunk's end; a Qwen2 built by the engine on 2 gloo
+ranks of one context-parallel group (megatron-core's parallel state with
+``context_parallel_size=2``), or on 4 at TP=2 x CP=2 (sequence-parallel, as the engine runs TP),
+each rank running its share of every sequence through the engine's scorer (packed rows and padded
+rows, sequence lengths that 2 x CP does not divide, a rank that holds no scored position), gives
 the HF model's log-probs, entropy and loss on every rank; the weights' gradients after the
-engine's data-parallel reduction and their global norm equal the HF model's."""
+engine's reductions and their global norm equal the HF model's; and ``polyrl validate``'s CP
+rules. megatron-core 0.16 (the CPU machine's) has no ``output_processor`` hook: the test hands
+the decoder's output to the scorer's hook as 0.19 does."""
 
 from __future__ import annotations
 
@@ -99,33 +102,45 @@ class _ScoringHook(torch.nn.Module):
         )
 
 
-def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str) -> dict:
+def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str, tp: int) -> dict:
     """This rank's share of the micro-batch through the engine's scorer and its gradient
-    reduction: its scores (the whole micro-batch's), loss, HF-named gradients and grad norm."""
-    from megatron.core import parallel_state
+    reductions (at TP > 1 sequence-parallel, as the engine runs it): its scores (the whole
+    micro-batch's), loss, HF-named gradients and grad norm."""
+    from contextlib import nullcontext
+
+    from megatron.core import parallel_state, tensor_parallel
+    from test_megatron_sequence_parallel import _hf_grads
     from transformers import AutoConfig
 
     from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, pipeline_stages
     from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
     from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
     from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+    from polyrl_engine_megatron.sequence_parallel import (
+        has_partial_gradient,
+        sum_partial_gradients,
+    )
     from polyrl_engine_megatron.transformer_overrides import Recompute
 
-    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=world)
+    # megatron-core's sequence-parallel buffers and RNG fork are CUDA's: pointed at the CPU
+    torch.cuda.current_device = lambda: "cpu"
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *_: nullcontext()
+    parallel_state.initialize_model_parallel(tp, 1, context_parallel_size=world // tp)
     hf_config = AutoConfig.from_pretrained(path)
-    shape = GPTShape.from_hf_config(hf_config, 1)
+    shape = GPTShape.from_hf_config(hf_config, tp)
     stage = pipeline_stages(shape.num_layers, 1)[0]
     cpu = torch.device("cpu")
     model = build_gpt_model(
         shape, hf_config, stage, pipeline_parallel=1, recompute=Recompute(), device=cpu
     )
-    load_hf_weights(model, path, shape, stage, 0, False)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    load_hf_weights(model, path, shape, stage, tp_rank, False)
     paths = ScoringPaths.choose(
-        remove_padding=packed, fused_log_prob=packed, torch_compile=False, tp=1
+        remove_padding=packed, fused_log_prob=packed, torch_compile=False, tp=tp
     )
     context = ContextParallel(
         parallel_state.get_context_parallel_group(),
-        world,
+        world // tp,
         parallel_state.get_context_parallel_rank(),
         cpu,
     )
@@ -138,38 +153,57 @@ def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str) -> d
     log_prob, entropy = to_response(scores)
     loss = _loss(log_prob, entropy, batch)
     loss.backward()
-    names = [name for name, _ in model.named_parameters()]
-    grads = [param.grad for _, param in model.named_parameters()]
+    named = list(model.named_parameters())
+    for _, param in named:
+        param.grad = param.grad if param.grad is not None else torch.zeros_like(param)
+    names, grads = [name for name, _ in named], [param.grad for _, param in named]
     groups = GradientGroups.from_parallel_state()
+    if tp > 1:
+        partial = [has_partial_gradient(name, param) for name, param in named]
+        sum_partial_gradients(grads, partial, groups.tensor_parallel)
     average_gradients(names, grads, groups)
     norm = global_norm(names, grads, groups, cpu)
+    hf_grads = (
+        _hf_grads(model, shape, 1)
+        if tp > 1
+        else {
+            hf_name: tensor
+            for name, grad in zip(names, grads)
+            for hf_name, tensor in megatron_to_hf(name, [grad], shape)
+        }
+    )
     parallel_state.destroy_model_parallel()
     return {
         "log_prob": log_prob.detach(),
         "entropy": entropy.detach(),
         "loss": float(loss),
         "norm": norm,
-        "grads": {
-            hf_name: tensor
-            for name, grad in zip(names, grads)
-            for hf_name, tensor in megatron_to_hf(name, [grad], shape)
-        },
+        "grads": hf_grads,
     }
 
 
 @pytest.mark.parametrize(
-    ("packed", "lengths"),
-    [(True, "long"), (False, "long"), (False, "short")],
-    ids=["packed", "padded", "padded-rank-without-scores"],
+    ("packed", "lengths", "tp"),
+    [
+        (True, "long", 1),
+        (False, "long", 1),
+        (False, "short", 1),
+        (True, "long", 2),
+        (False, "long", 2),
+    ],
+    ids=["packed", "padded", "padded-rank-without-scores", "packed-tp2", "padded-tp2"],
 )
-def test_context_parallel_equals_the_hf_model(tmp_path, packed: bool, lengths: str) -> None:
+def test_context_parallel_equals_the_hf_model(
+    tmp_path, packed: bool, lengths: str, tp: int
+) -> None:
+    """CP=2 on 2 ranks, or TP=2 x CP=2 (sequence-parallel) on 4."""
     pytest.importorskip("megatron.core")
     from transformers import AutoModelForCausalLM
 
     from polyrl_engine_kit.scoring import response_log_probs
 
     _hf_model(str(tmp_path), layers=2)
-    results = run_on_ranks(_scenario, 2, str(tmp_path), packed, lengths, timeout_s=180)
+    results = run_on_ranks(_scenario, 2 * tp, str(tmp_path), packed, lengths, tp, timeout_s=300)
 
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
     batch = _batch(lengths)
