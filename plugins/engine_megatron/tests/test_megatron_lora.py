@@ -70,6 +70,7 @@ def test_verl_keys_checked_in_one_line_each() -> None:
         "lora_A_init_method=orthogonal": "must be one of xavier, kaiming, normal, zero",
         "dropout_position=middle": "must be pre or post",
         "alpha=0": "must be a number > 0",
+        "freeze_language_model=false": "asks for training the whole language model beside",
     }
     for override, words in refused.items():
         (line,) = check_config(_cfg(f"{LORA}.rank=8", f"{LORA}.{override}"))

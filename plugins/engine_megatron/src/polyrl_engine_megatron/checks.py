@@ -200,6 +200,21 @@ def lora_problems(lora: Any) -> list[str]:
             "adapters stored in a lower precision",
             "leave it null (float32 adapters, computed in actor_rollout_ref.model.dtype)",
         ),
+        "freeze_vision_model": (
+            not lora.freeze_vision_model,
+            "training a vision model beside the adapters (vlm_lora)",
+            "leave it true",
+        ),
+        "freeze_vision_projection": (
+            not lora.freeze_vision_projection,
+            "training a vision projection beside the adapters (vlm_lora)",
+            "leave it true",
+        ),
+        "freeze_language_model": (
+            not lora.freeze_language_model,
+            "training the whole language model beside the adapters (vlm_lora)",
+            "leave it true (the adapters alone train)",
+        ),
     }
     problems += [
         f"{MODEL_LORA}.{key}={lora[key]} asks for {feature} {refused}: {instead}"

@@ -102,8 +102,8 @@ class MegatronLora:
     output (``post``); ``lora_A_init_method`` / ``lora_B_init_method``: ``xavier``,
     ``kaiming``, ``normal`` or ``zero``. ``merge``: verl syncs merged weights instead of the
     adapters; here the rollout always gets merged weights. The ``freeze_*`` keys belong to
-    ``type=vlm_lora`` (not read with ``type=lora``, as in verl). What this engine does not
-    implement is refused by :func:`.checks.lora_problems`."""
+    ``type=vlm_lora`` (false is refused: no part trains besides the adapters). What this
+    engine does not implement is refused by :func:`.checks.lora_problems`."""
 
     type: str = "lora"
     merge: bool = False
