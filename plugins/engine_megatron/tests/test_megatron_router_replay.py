@@ -4,7 +4,9 @@ routing recorded by an old log-prob pass over two micro-batches is replayed in a
 forward over one micro-batch of the same rows in another order, after the routers' weights were
 perturbed so that routing afresh picks other experts: every real token goes to its recorded
 experts, and the log-probs equal the HF model's (perturbed alike) with its routers forced to
-those experts, row by row. Without a record the update routes afresh."""
+those experts, row by row. Without a record the update routes afresh. On 2 gloo ranks at
+TP=2 x EP=2 (sequence-parallel, the all-to-all dispatcher), each rank's routers replay their
+slice of the record gathered over the TP group, for packed and padded rows."""
 
 from __future__ import annotations
 
@@ -67,6 +69,19 @@ def _routed(model, run) -> list[torch.Tensor]:
         for hook in hooks:
             hook.remove()
     return maps
+
+
+def _replayed(model, scorer, replay, micro) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each MoE layer's experts and the log-probs of ``micro``'s forward in a replaying pass."""
+    result = {}
+
+    def run() -> None:
+        with replay.forward(model, micro):
+            result["log_probs"] = _scored(model, scorer, micro)
+
+    with replay.replaying_pass():
+        maps = _routed(model, run)
+    return maps, result["log_probs"]
 
 
 def _perturb_routers(hf_model, model) -> None:
@@ -151,18 +166,12 @@ def test_r2_replays_the_recorded_experts(
         fresh = chosen(_routed(model, lambda: _scored(model, scorer, update)))
     assert not all(same(f, r) for f, r in zip(fresh, recorded)), "the noise changed no routing"
 
-    result = {}
-    with replay.replaying_pass():  # the update's forward
-
-        def run() -> None:
-            with replay.forward(model, update):
-                result["log_probs"] = _scored(model, scorer, update)
-
-        replayed = chosen(_routed(model, run))
+    replayed, log_probs = _replayed(model, scorer, replay, update)  # the update's forward
+    replayed = chosen(replayed)
     assert all(same(e, r) for e, r in zip(replayed, recorded))
     forced = {key: [replay.record[key][(id(model), n)] for n in range(layers)] for key in keys}
     expected = _hf_forced(hf_model, update, forced)
-    torch.testing.assert_close(result["log_probs"].detach(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_probs.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_without_a_record_the_update_routes_afresh(
@@ -204,3 +213,101 @@ def test_router_replay_modes_are_checked_in_one_line() -> None:
     assert "polyrl does not support it: use mode=R2" in line
     (line,) = problems(f"{node}.router_replay.mode=R2", f"{node}.router_replay.record_file=/x")
     assert line.startswith(f"{node}.router_replay.record_file=/x asks for dumping or loading")
+
+
+def _tensor_expert_scenario(rank: int, world: int, path: str) -> list[dict]:
+    """TP=2 x EP=2 (sequence-parallel: each rank's routers see half of the tokens): record over
+    micro-batches [0] and [1, 2], perturb the routers, replay over [2, 0, 1]; per layout, the
+    record, whether each layer routed this rank's tokens as recorded, and the log-probs."""
+    from contextlib import nullcontext
+
+    from megatron.core import parallel_state, tensor_parallel
+    from test_megatron_moe import _cpu_moe
+    from transformers import AutoConfig
+
+    from polyrl_engine_megatron.convert import GPTShape, pipeline_stages
+    from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
+    from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    _cpu_moe()
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *_: nullcontext()
+    parallel_state.initialize_model_parallel(
+        world, 1, expert_model_parallel_size=world, expert_tensor_parallel_size=1
+    )
+    group = parallel_state.get_tensor_model_parallel_group()
+    hf_config = AutoConfig.from_pretrained(path)
+    shape = GPTShape.from_hf_config(hf_config, world)
+    stage = pipeline_stages(shape.num_layers, 1)[0]
+    out = []
+    for packed in (True, False):
+        model = build_gpt_model(
+            shape,
+            hf_config,
+            stage,
+            pipeline_parallel=1,
+            recompute=Recompute(),
+            overrides={"moe_enable_routing_replay": True},
+            device=torch.device("cpu"),
+            expert_parallel=world,
+        )
+        load_hf_weights(model, path, shape, stage, rank, False, rank, world)
+        paths = ScoringPaths.choose(
+            remove_padding=packed, fused_log_prob=True, torch_compile=False, tp=world
+        )
+        scorer = Scorer(shape, paths, torch.float32, group, torch.device("cpu"))
+        replay = RouterReplayR2(
+            [model], packed=packed, tp_group=group, tp=world, device=torch.device("cpu")
+        )
+        micro = _micro()
+        with torch.no_grad(), replay.recording_pass():
+            for rows in ([0], [1, 2]):
+                part = micro.select_rows(torch.tensor(rows))
+                with replay.forward(model, part):
+                    _scored(model, scorer, part)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("mlp.router.weight"):
+                    param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(7)))
+        update = micro.select_rows(torch.tensor([2, 0, 1]))
+        index, total, _ = token_order(update, packed, world, torch.device("cpu"))
+        layers = shape.num_layers
+        expected = []
+        for layer in range(layers):  # this rank's slice of the recorded layout
+            recorded = torch.cat([replay.record[k][(id(model), layer)] for k in row_keys(update)])
+            full = torch.full((total, 2), -1, dtype=torch.long)
+            full[index] = recorded.long()
+            expected.append(full.chunk(world)[rank])
+        with torch.no_grad():
+            maps, log_probs = _replayed(model, scorer, replay, update)
+        same = []
+        for routed, wanted in zip(maps, expected):
+            real = wanted[:, 0] >= 0  # padding tokens take any experts
+            chosen = routed[real].nonzero()[:, 1].view(-1, 2)
+            same.append(torch.equal(chosen, wanted[real].sort(-1).values))
+        record = {k: [v[(id(model), n)] for n in range(layers)] for k, v in replay.record.items()}
+        out.append({"record": record, "same": same, "log_probs": log_probs})
+    parallel_state.destroy_model_parallel()
+    return out
+
+
+def test_r2_over_tensor_and_expert_parallel_ranks(tmp_path) -> None:
+    """TP=2 x EP=2 on 2 gloo ranks, packed and padded rows: each rank's routers get their
+    slice of the recorded routing, and the log-probs equal the HF model's forced to it."""
+    from polyrl_engine_kit.launch import run_on_ranks
+
+    pytest.importorskip("megatron.core")
+    hf_model = _model("qwen3_moe")
+    hf_model.save_pretrained(tmp_path)
+    results = run_on_ranks(_tensor_expert_scenario, 2, str(tmp_path), timeout_s=240)
+    with torch.no_grad():
+        for layer in hf_model.model.layers:
+            gate = layer.mlp.gate.weight
+            gate.add_(torch.randn(gate.shape, generator=torch.Generator().manual_seed(7)))
+    update = _micro().select_rows(torch.tensor([2, 0, 1]))
+    for rank_results in results:
+        for layout in rank_results:
+            assert all(layout["same"])
+            assert layout["record"].keys() == results[0][0]["record"].keys()
+            expected = _hf_forced(hf_model, update, layout["record"])
+            torch.testing.assert_close(layout["log_probs"], expected, rtol=1e-5, atol=1e-5)
