@@ -311,3 +311,20 @@ def test_r2_over_tensor_and_expert_parallel_ranks(tmp_path) -> None:
             assert layout["record"].keys() == results[0][0]["record"].keys()
             expected = _hf_forced(hf_model, update, layout["record"])
             torch.testing.assert_close(layout["log_probs"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_r2_under_another_strategy_is_refused() -> None:
+    """The key is this plugin's; only its engine replays routing (core's verl_compat says so)."""
+    from omegaconf import OmegaConf
+
+    from polyrl.config.verl_compat import ROUTER_REPLAY, router_replay_problems
+
+    def problems(strategy: str, mode: str) -> list[str]:
+        actor = {"strategy": strategy, "router_replay": {"mode": mode}}
+        cfg = OmegaConf.create({"actor_rollout_ref": {"actor": actor}})
+        return router_replay_problems(cfg, {ROUTER_REPLAY})
+
+    assert problems("megatron", "R2") == [] and problems("fsdp2", "disabled") == []
+    (line,) = problems("fsdp2", "R2")
+    assert line.startswith(f"{ROUTER_REPLAY}=R2 asks for MoE router replay with actor_rollout")
+    assert line.endswith("router replay runs in strategy=megatron")
