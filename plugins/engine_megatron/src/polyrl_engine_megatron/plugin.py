@@ -17,11 +17,10 @@ def polyrl_training_engines() -> Iterator[TrainingEngineSpec]:
     yield TrainingEngineSpec(
         name="megatron",
         description=(
-            "megatron-core GPTModel (local spec, no Transformer Engine): tensor, pipeline "
-            "(uneven, interleaved), expert (Qwen2/3-MoE) and data parallelism from "
-            "actor.megatron.*, vocab-parallel "
-            "log-probs, value heads (critics), CPU offload, dist-checkpoint loading, HF export "
-            "(CUDA)"
+            "megatron-core GPTModel (local spec, no Transformer Engine): tensor (sequence-"
+            "parallel), pipeline (uneven, interleaved), expert (Qwen2/3-MoE, router replay R2) "
+            "and data parallelism from actor.megatron.*, vocab-parallel log-probs, value heads "
+            "(critics), CPU offload, dist-checkpoint loading, HF export (CUDA)"
         ),
         engine="polyrl_engine_megatron.engine:MegatronEngine",
         supports_cpu=False,
