@@ -1,7 +1,8 @@
 """Context parallelism on the CPU: the load-balanced split covers every token once and gives each
 packed sequence's chunk its keys up to the chunk's end; a Qwen2 built by the engine on 2 gloo
 ranks of one context-parallel group (megatron-core's parallel state with
-``context_parallel_size=2``), or on 4 at TP=2 x CP=2 (sequence-parallel, as the engine runs TP),
+``context_parallel_size=2``), or on 4 at TP=2 x CP=2 (sequence-parallel, as the engine runs TP)
+or PP=2 x CP=2 (the stages' activations passed by hand: megatron-core's schedule needs CUDA),
 each rank running its share of every sequence through the engine's scorer (packed rows and padded
 rows, sequence lengths that 2 x CP does not divide, a rank that holds no scored position), gives
 the HF model's log-probs, entropy and loss on every rank; the weights' gradients after the
@@ -92,6 +93,8 @@ class _ScoringHook(torch.nn.Module):
         self.model = model
 
     def forward(self, *inputs, packed_seq_params, output_processor) -> torch.Tensor:
+        if not self.model.post_process:  # an earlier pipeline stage: its activations
+            return self.model(*inputs, packed_seq_params=packed_seq_params)
         captured = {}
         decoder = self.model.decoder
         hook = decoder.register_forward_hook(lambda _m, _i, out: captured.update(out=out))
@@ -182,6 +185,28 @@ def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str, tp: 
     }
 
 
+def _hf_reference(path: str, lengths: str) -> tuple:
+    """The HF model's response scores of the batch (the FSDP engine's scoring), its loss and
+    every weight's gradient of it."""
+    from transformers import AutoModelForCausalLM
+
+    from polyrl_engine_kit.scoring import response_log_probs
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    batch = _batch(lengths)
+    scores = response_log_probs(
+        hf,
+        batch,
+        torch.device("cpu"),
+        temperature=TEMPERATURE,
+        entropy=EntropyMode.GRAD,
+        logits_to_keep=False,
+    )
+    loss = _loss(scores.log_prob, scores.entropy, batch)
+    loss.backward()
+    return scores, loss, {name: param.grad for name, param in hf.named_parameters()}
+
+
 @pytest.mark.parametrize(
     ("packed", "lengths", "tp"),
     [
@@ -198,26 +223,9 @@ def test_context_parallel_equals_the_hf_model(
 ) -> None:
     """CP=2 on 2 ranks, or TP=2 x CP=2 (sequence-parallel) on 4."""
     pytest.importorskip("megatron.core")
-    from transformers import AutoModelForCausalLM
-
-    from polyrl_engine_kit.scoring import response_log_probs
-
     _hf_model(str(tmp_path), layers=2)
     results = run_on_ranks(_scenario, 2 * tp, str(tmp_path), packed, lengths, tp, timeout_s=300)
-
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
-    batch = _batch(lengths)
-    scores = response_log_probs(
-        hf,
-        batch,
-        torch.device("cpu"),
-        temperature=TEMPERATURE,
-        entropy=EntropyMode.GRAD,
-        logits_to_keep=False,
-    )
-    loss = _loss(scores.log_prob, scores.entropy, batch)
-    loss.backward()
-    expected = {name: param.grad for name, param in hf.named_parameters()}
+    scores, loss, expected = _hf_reference(str(tmp_path), lengths)
     norm = torch.sqrt(sum(grad.pow(2).sum() for grad in expected.values()))
     for result in results:  # every rank of the group scores the whole micro-batch
         torch.testing.assert_close(
@@ -229,6 +237,98 @@ def test_context_parallel_equals_the_hf_model(
         assert result["grads"].keys() == expected.keys()
         for name, grad in expected.items():
             torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _pipeline_scenario(rank: int, world: int, path: str) -> dict:
+    """PP=2 x CP=2 on 4 ranks, a packed row: each stage runs its CP rank's tokens, the first
+    stage's activations and their gradients passed by hand to the same CP rank of the other
+    stage (megatron-core's pipeline schedule needs CUDA); this rank's scores (last stage),
+    HF-named gradients and the grad norm after the engine's reductions."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from transformers import AutoConfig
+
+    from polyrl_engine_megatron.convert import GPTShape, megatron_to_hf, pipeline_stages
+    from polyrl_engine_megatron.gradients import GradientGroups, average_gradients, global_norm
+    from polyrl_engine_megatron.model import build_gpt_model, load_hf_weights
+    from polyrl_engine_megatron.scoring import Scorer, ScoringPaths
+    from polyrl_engine_megatron.transformer_overrides import Recompute
+
+    parallel_state.initialize_model_parallel(1, 2, context_parallel_size=2)
+    hf_config = AutoConfig.from_pretrained(path)
+    shape = GPTShape.from_hf_config(hf_config, 1)
+    stage = pipeline_stages(shape.num_layers, 2)[parallel_state.get_pipeline_model_parallel_rank()]
+    cpu = torch.device("cpu")
+    model = build_gpt_model(
+        shape, hf_config, stage, pipeline_parallel=2, recompute=Recompute(), device=cpu
+    )
+    load_hf_weights(model, path, shape, stage, 0, False)
+    paths = ScoringPaths.choose(remove_padding=True, fused_log_prob=True, torch_compile=False, tp=1)
+    context = ContextParallel(
+        parallel_state.get_context_parallel_group(),
+        2,
+        parallel_state.get_context_parallel_rank(),
+        cpu,
+    )
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    scorer = Scorer(shape, paths, torch.float32, tp_group, cpu, context=context)
+    batch = _batch("long")
+    peer = (rank + 2) % 4  # the same CP rank of the other stage (megatron-core's rank order)
+    result: dict = {}
+    if stage.is_first:
+        output, _ = scorer.forward(
+            _ScoringHook(model), batch, temperature=TEMPERATURE, entropy=EntropyMode.GRAD
+        )
+        dist.send(torch.tensor(output.shape), dst=peer)
+        dist.send(output.detach().contiguous(), dst=peer)
+        grad = torch.empty_like(output)
+        dist.recv(grad, src=peer)
+        output.backward(grad)
+    else:
+        shape_of = torch.zeros(3, dtype=torch.long)
+        dist.recv(shape_of, src=peer)
+        received = torch.empty(tuple(shape_of.tolist()))
+        dist.recv(received, src=peer)
+        received.requires_grad_(True)
+        model.set_input_tensor(received)
+        scores, to_response = scorer.forward(
+            _ScoringHook(model), batch, temperature=TEMPERATURE, entropy=EntropyMode.GRAD
+        )
+        log_prob, entropy = to_response(scores)
+        loss = _loss(log_prob, entropy, batch)
+        loss.backward()
+        dist.send(received.grad.contiguous(), dst=peer)
+        result.update(log_prob=log_prob.detach(), entropy=entropy.detach(), loss=loss.item())
+    named = list(model.named_parameters())
+    names, grads = [name for name, _ in named], [param.grad for _, param in named]
+    groups = GradientGroups.from_parallel_state()
+    average_gradients(names, grads, groups)
+    result["norm"] = global_norm(names, grads, groups, cpu)
+    result["grads"] = {
+        hf_name: tensor
+        for name, grad in zip(names, grads)
+        for hf_name, tensor in megatron_to_hf(stage.global_name(name), [grad], shape)
+    }
+    parallel_state.destroy_model_parallel()
+    return result
+
+
+def test_context_parallel_over_pipeline_stages_equals_the_hf_model(tmp_path) -> None:
+    pytest.importorskip("megatron.core")
+    _hf_model(str(tmp_path), layers=2)
+    results = run_on_ranks(_pipeline_scenario, 4, str(tmp_path), timeout_s=300)
+    scores, loss, expected = _hf_reference(str(tmp_path), "long")
+    norm = torch.sqrt(sum(grad.pow(2).sum() for grad in expected.values()))
+    for first, last in ((results[0], results[2]), (results[1], results[3])):
+        torch.testing.assert_close(last["log_prob"], scores.log_prob.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(last["entropy"], scores.entropy.detach(), atol=1e-5, rtol=1e-5)
+        assert last["loss"] == pytest.approx(loss.item(), abs=1e-5)
+        grads = {**first["grads"], **last["grads"]}
+        assert grads.keys() == expected.keys()
+        for name, grad in expected.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        for result in (first, last):
+            assert result["norm"] == pytest.approx(float(norm), rel=1e-5)
 
 
 CP = "actor_rollout_ref.actor.megatron.context_parallel_size"
