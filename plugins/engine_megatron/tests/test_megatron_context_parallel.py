@@ -166,6 +166,9 @@ def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str, tp: 
         sum_partial_gradients(grads, partial, groups.tensor_parallel)
     average_gradients(names, grads, groups)
     norm = global_norm(names, grads, groups, cpu)
+    with torch.no_grad():  # a critic's values through the same split (its head replicated)
+        values, to_values = scorer.forward_values(_ScoringHook(model), batch, _value_head())
+        values = to_values(values)[0]
     hf_grads = (
         _hf_grads(model, shape, 1)
         if tp > 1
@@ -182,7 +185,30 @@ def _scenario(rank: int, world: int, path: str, packed: bool, lengths: str, tp: 
         "loss": float(loss),
         "norm": norm,
         "grads": hf_grads,
+        "values": values,
     }
+
+
+def _value_head() -> torch.nn.Linear:
+    torch.manual_seed(5)
+    return torch.nn.Linear(32, 1)  # the test model's hidden size
+
+
+def _hf_values(path: str, lengths: str) -> torch.Tensor:
+    """A value head on the HF model's final hidden states at the positions that predict each
+    response token, ``[b, R]``, zero on padding."""
+    from transformers import AutoModelForCausalLM
+
+    from polyrl_engine_kit.scoring import model_inputs, pad_to_response
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    trimmed, kwargs, response_attention = model_inputs(_batch(lengths), torch.device("cpu"))
+    keys = ("input_ids", "attention_mask", "position_ids")
+    with torch.no_grad():
+        hidden = hf.model(**{key: kwargs[key] for key in keys}).last_hidden_state
+        kept = trimmed.kept_response
+        values = _value_head()(hidden[:, -(kept + 1) : -1])[..., 0]
+    return pad_to_response(values, None, response_attention, kept)[0]
 
 
 def _hf_reference(path: str, lengths: str) -> tuple:
@@ -227,7 +253,9 @@ def test_context_parallel_equals_the_hf_model(
     results = run_on_ranks(_scenario, 2 * tp, str(tmp_path), packed, lengths, tp, timeout_s=300)
     scores, loss, expected = _hf_reference(str(tmp_path), lengths)
     norm = torch.sqrt(sum(grad.pow(2).sum() for grad in expected.values()))
+    values = _hf_values(str(tmp_path), lengths)
     for result in results:  # every rank of the group scores the whole micro-batch
+        torch.testing.assert_close(result["values"], values, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
             result["log_prob"], scores.log_prob.detach(), atol=1e-5, rtol=1e-5
         )
