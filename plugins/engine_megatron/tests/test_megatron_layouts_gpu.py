@@ -2,7 +2,9 @@
 same models with the stages and experts driven by hand; megatron-core's schedules need CUDA):
 in float32, every layout gives the one-stage engine's log-probs, and one training step the same
 grad norm and weights. Layouts: uneven stages (1 + 3 decoder layers), interleaved stages (PP=2 x
-VPP=2), a Qwen2-MoE at EP=2 and at TP=2 x EP=2 (sequence-parallel; 2 GPUs), and the
+VPP=2), a Qwen2-MoE at EP=2 and at TP=2 x EP=2 (sequence-parallel; 2 GPUs), context
+parallelism (CP=2, a packed row split over 2 GPUs: flash varlen with each chunk's own key
+boundaries), and the
 host-stepped optimizer (verl's ``optim.override_optimizer_config``, 1 GPU). Run on the GPU
 machine with
 ``pytest -m gpu plugins/engine_megatron/tests/test_megatron_layouts_gpu.py``."""
@@ -32,6 +34,7 @@ LAYOUTS = {
     },
     "experts": {"megatron": {"expert_model_parallel_size": 2}},
     "tensor_experts": {"tensor_parallel": 2, "megatron": {"expert_model_parallel_size": 2}},
+    "context": {"megatron": {"context_parallel_size": 2}},
 }
 
 
