@@ -185,7 +185,10 @@ def sdpa_core_attention() -> type:
             """Padded: ``[s, b, heads, d]`` queries, ``[s, b, groups, d]`` keys and values, the
             mask of :func:`attention_mask`, ``[s, b, heads x d]`` out. Packed: ``[T, heads, d]``
             and ``[T, groups, d]``, no mask, ``[T, heads x d]`` out. Either with the layout of
-            :func:`padded_layout` or :func:`packed_layout`."""
+            :func:`padded_layout` or :func:`packed_layout` (:func:`context_packed_layout`), whose
+            ``key_values`` under context parallelism gathers the keys and values this rank's
+            queries attend over (the padded mask then this rank's rows of the gathered
+            columns')."""
             layout = packed_seq_params
             packed = layout is not None and layout.qkv_format == "thd"
             if (

@@ -1,11 +1,12 @@
-"""The Megatron training engine: one rank of a megatron-core GPTModel split by tensor and
-pipeline parallelism (with interleaved pipeline parallelism, several model chunks per rank).
+"""The Megatron training engine: one rank of a megatron-core GPTModel split by tensor, pipeline
+and context parallelism (with interleaved pipeline parallelism, several model chunks per rank).
 
 Read ``polyrl.interfaces.training_engine`` for the contract. Workers are grouped by megatron-core
-(tensor-parallel peers consecutive, then data-parallel replicas, then pipeline stages): the
-``tensor_model_parallel_size x pipeline_model_parallel_size`` ranks holding one copy of the model
-are one data-parallel rank; every member gets the same rows and the first tensor-parallel rank
-of the last stage, where the log-probs are, returns the output. What the engine shares with the
+(tensor-parallel peers consecutive, then context-parallel peers, then data-parallel replicas,
+then pipeline stages): the TP x PP x CP ranks holding one copy of the model are one
+data-parallel rank; every member gets the same rows (context-parallel peers each run their share
+of every sequence's tokens, :mod:`.context_parallel`) and the first tensor- and context-parallel
+rank of the last stage, where the log-probs are, returns the output. What the engine shares with the
 FSDP engine: the keys it reads, the micro-batches (by count or token budget), float32 master
 weights with bf16 compute, torch's AdamW with polyrl's LR schedule and grad-norm clipping, a step
 with a non-finite grad norm skipped, and the Hugging Face export. What is its own: the weights
@@ -443,8 +444,8 @@ class MegatronEngine(TrainingEngine):
         )
 
     def data_parallel_rank(self) -> DataParallelRank:
-        """The TP x PP ranks of one model copy form one data-parallel rank; the first TP rank of
-        the last stage returns the output."""
+        """The TP x PP x CP ranks of one model copy form one data-parallel rank; the first TP and
+        CP rank of the last stage returns the output."""
         return self.mesh
 
     # ---- forward ------------------------------------------------------------------------------
