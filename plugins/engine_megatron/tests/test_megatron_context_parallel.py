@@ -392,3 +392,31 @@ def test_context_parallel_counts_against_the_pools() -> None:
         _cfg("trainer.n_gpus_per_node=4", f"{CP}=2", "critic.megatron.context_parallel_size=1")
     )
     assert line.startswith("critic.megatron.context_parallel_size=1 differs from the actor's 2")
+
+
+def test_a_token_budget_is_per_gpu_so_a_micro_batch_holds_cp_times_it() -> None:
+    """As verl's Megatron actor: ``ppo_max_token_len_per_gpu`` x ``context_parallel_size``."""
+    from polyrl.api import ConfigError
+    from polyrl_engine_kit.config import resolve_settings
+    from polyrl_engine_kit.microbatch import plan_micro_batches
+    from polyrl_engine_kit.testing import ragged_batch
+
+    # real lengths 9, 8, 5, 4 in rows 11 wide; packed, each rank's share is half of its micro-batch
+    batch = ragged_batch([5, 2, 4, 1], [4, 6, 1, 3], 5, 6, torch.Generator().manual_seed(0))
+
+    def plan(budget: int, context: int) -> list[list[int]]:
+        keys = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": budget}
+        settings = resolve_settings({}, keys, total_training_steps=1)
+        return plan_micro_batches(
+            batch,
+            settings,
+            training=True,
+            packed=True,
+            sequence_parallel=context,
+            split_by="megatron.context_parallel_size",
+        )
+
+    assert plan(13, 1) == [[0, 3], [1, 2]]
+    assert plan(13, 2) == [[0, 1, 2, 3]]  # 26 tokens, 13 per CP rank
+    with pytest.raises(ConfigError, match=r"megatron\.context_parallel_size 2=8; raise"):
+        plan(4, 2)  # the 9-token row does not fit 2 x 4
