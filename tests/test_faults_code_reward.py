@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 pytest.importorskip("polyrl_reward_code")
 
+from polyrl.api.testing import schema_config
 from polyrl.interfaces.reward import RewardSample
 from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.runner import RewardRunner
@@ -80,7 +82,9 @@ def test_each_attack_costs_only_its_own_sample():
         )
         for i, name in enumerate(texts)
     ]
-    scorer = ScorerRef(plugins=plugin_scorer_refs({"code": SETTINGS}))
+    reward_model = schema_config().reward_model  # every installed scorer's section
+    reward_model.code = OmegaConf.merge(reward_model.code, SETTINGS)
+    scorer = ScorerRef(plugins=plugin_scorer_refs(reward_model))
     with RewardRunner(scorer, num_workers=1, timeout_s=20, sandbox=SandboxLimits()) as runner:
         results = runner.score(samples)
         leftovers = _daemons()  # while the worker that would have adopted them still lives

@@ -47,10 +47,17 @@ class SandboxFusionLike(BaseHTTPRequestHandler):
             self.server.requests.append(body)
             self.server.in_flight += 1
             self.server.most_in_flight = max(self.server.most_in_flight, self.server.in_flight)
+        if self.path == "/run_code":
+            try:
+                answer = json.dumps(run_like_sandbox_fusion(body)).encode()
+            finally:
+                # counted out before the answer is sent: once the client has read it, it may
+                # start its next request before this thread would get past the send
+                self._leave()
+            self._send(200, answer)
+            return
         try:
-            if self.path == "/run_code":
-                self._send(200, json.dumps(run_like_sandbox_fusion(body)).encode())
-            elif self.path == "/broken":
+            if self.path == "/broken":
                 self._send(500, b"internal error")
             elif self.path == "/bad":
                 self._send(400, b'{"detail": "bad request"}')
@@ -62,8 +69,11 @@ class SandboxFusionLike(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
         finally:
-            with self.server.lock:
-                self.server.in_flight -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        with self.server.lock:
+            self.server.in_flight -= 1
 
     def _send(self, code: int, payload: bytes) -> None:
         self.send_response(code)
