@@ -106,7 +106,16 @@ def _harness() -> str:
 
 
 def _run_case(program: str, case: _Case, settings: CodeRewardSettings) -> tuple[bool, bool]:
-    """``(passed, timed_out)`` of one case."""
+    """``(passed, timed_out)`` of one case. A case that cannot start because the sandbox's
+    process budget is spent (``EAGAIN``: a fork bomb in this program's other case, running beside
+    it, holds the budget's processes until its sandbox ends) fails like the program failing."""
+    try:
+        return _run_started_case(program, case, settings)
+    except BlockingIOError:
+        return False, False
+
+
+def _run_started_case(program: str, case: _Case, settings: CodeRewardSettings) -> tuple[bool, bool]:
     limits = SandboxLimits(
         memory_mb=settings.memory_mb,
         cpu_s=settings.case_timeout_s,
