@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_megatron_stages import _hf_model
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 from polyrl_engine_kit.launch import run_on_ranks
 from polyrl_engine_kit.logprob import EntropyMode
 from polyrl_engine_megatron.context_parallel import ContextParallel

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_megatron_cuda import ENGINE, _batch, _weights, _world, noisy_loss
 
-from polyrl.models.tiny import build_tiny_model
+from polyrl.api.testing import build_tiny_model
 from polyrl_engine_kit.launch import run_on_ranks
 from polyrl_engine_kit.testing import composed_context
 

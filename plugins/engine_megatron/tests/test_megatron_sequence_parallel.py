@@ -30,7 +30,7 @@ from test_megatron_moe import _cpu_moe
 from test_megatron_moe import _model as _moe_model
 from test_megatron_stages import _hf_model
 
-from polyrl.batch import Batch
+from polyrl.api import Batch
 from polyrl_engine_kit.logprob import EntropyMode
 from polyrl_engine_megatron.sequence_parallel import pad_packed
 

@@ -17,12 +17,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from polyrl.api import SandboxLimits, run_program
+from polyrl.api import (
+    ConfigError,
+    RewardContext,
+    RewardSample,
+    SandboxLimits,
+    load_config,
+    run_program,
+)
 from polyrl.api.testing import schema_config
-from polyrl.config import load_config
 from polyrl.config.validate import validate_config
-from polyrl.errors import ConfigError
-from polyrl.interfaces.reward import RewardContext, RewardSample
 from polyrl.rewards.provider import NaiveRewardProvider
 from polyrl_reward_code.checks import check_sandbox_fusion
 from polyrl_reward_code.fusion_scorer import fusion_score, load_fusion_cases, score, verdict
