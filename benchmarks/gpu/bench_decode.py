@@ -53,13 +53,24 @@ def roofline(config: dict, params: int, rows: int, columns: int, context: float,
 
 def profile_steps(engine, prompts, params, out_dir: str | None) -> None:
     """Kernels of one call under torch.profiler: GPU time by kernel, and kernels per step."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         engine.generate(prompts, params)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    table = averages.table(sort_by="cuda_time_total", row_limit=25)
+    table += "\n" + averages.table(sort_by="cpu_time_total", row_limit=15)
+    # Whether the device or the host sets the pace: the kernels' summed device time against the
+    # call's wall time (under the profiler, so both are inflated somewhat).
+    kernels = [e for e in averages if str(e.device_type).endswith("CUDA")]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    table += f"\nwall {wall:.3f} s, kernels' device time {busy:.3f} s ({100 * busy / wall:.0f} %)\n"
     print(table)
     if out_dir:
         Path(out_dir, "profile.txt").write_text(table)
