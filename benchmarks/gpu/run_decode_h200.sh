@@ -6,7 +6,7 @@
 #   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
 # Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
-# PARTS (tests decode mix warm profile train: which parts to run, in that order), RUNS (timed runs, 3),
+# PARTS (tests decode mix warm merge profile train: which parts to run, in that order), RUNS (timed runs, 3),
 # TESTS_TIMEOUT (seconds for the CUDA tests, 600).
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
@@ -57,6 +57,18 @@ for part in ${PARTS:-tests decode mix warm}; do
                 bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights" | tail -25
             python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3: first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's')"
         done 2>&1 | tee "$results/train.log" ;;
+    merge)  # engine_kwargs.hf.merge_projections (q/k/v and gate/up as one GEMM each): off, on
+        for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512"; do
+            set -- $shape_rows
+            for merge in false true; do
+                python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
+                    --max-new-tokens "$3" --runs "${RUNS:-3}" --label "merge_$merge" \
+                    --hf "{\"merge_projections\": \"$merge\"}" \
+                    --greedy-out "$results/greedy_${1}_${3}_merge_$merge.pt" \
+                    --json "$results/merge.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
+            done
+            python3 -c "import torch; a,b=(torch.load(f'$results/greedy_${1}_${3}_merge_'+s+'.pt') for s in ('false','true')); print('greedy rows equal (bf16):', int((a==b).all(1).sum()), 'of', a.shape[0])"
+        done 2>&1 | tee "$results/merge.log" ;;
     profile)
         python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
             --max-new-tokens 64 --runs 1 --label profile --hf "$opt_in" --profile "$results" 2>&1 |

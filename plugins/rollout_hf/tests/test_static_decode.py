@@ -152,6 +152,40 @@ def test_fused_step_greedy_equals_the_transformers_step(dirs, prompts, model):
     assert_same_samples(out, make_engine(dirs[model]).generate(prompts, params))
 
 
+@pytest.mark.parametrize("model", ["tiny", "gqa"])
+def test_merged_projections_sample_what_the_separate_ones_sample(dirs, prompts, model):
+    """q/k/v and gate/up as one GEMM each over stacked weights (the modules' parameters views of
+    them): the same greedy tokens as the separate GEMMs, the same state_dict, and a weight sync
+    through the views reaches the stacked weights."""
+    from safetensors.torch import load_file
+
+    from polyrl_rollout_hf.fused_step import layer_weights
+
+    merged = make_engine(dirs[model], static="true", merge_projections="true")
+    separate = make_engine(dirs[model], static="true")
+    step = merged.static_decode.fused
+    assert step is not None and separate.static_decode.fused.merged[0] == (None, None)
+    first = merged.model.model.layers[0]
+    w = layer_weights(first, step.merged[0])
+    assert w.qkv is not None and w.gate_up is not None
+    assert w.qkv.shape[0] == w.q.shape[0] + w.k.shape[0] + w.v.shape[0]
+    state, reference = merged.model.state_dict(), separate.model.state_dict()
+    assert list(state) == list(reference)
+    assert all(torch.equal(state[name], reference[name]) for name in state)
+    greedy = SamplingParams(n=2, max_new_tokens=24, greedy=True)
+    assert_same_samples(merged.generate(prompts, greedy), separate.generate(prompts, greedy))
+    sampled = SamplingParams(n=2, max_new_tokens=12, seed=3)
+    assert_same_samples(merged.generate(prompts, sampled), separate.generate(prompts, sampled))
+    if model == "gqa":  # the weight sync writes through the views
+        merged.update_weights(load_file(f"{dirs['gqa1']}/model.safetensors").items())
+        target = make_engine(dirs["gqa1"], static="false")
+        assert_same_samples(merged.generate(prompts, sampled), target.generate(prompts, sampled))
+    # a parameter replaced (not what the weight sync does) is read on its own again
+    first.self_attn.k_proj.weight = torch.nn.Parameter(first.self_attn.k_proj.weight.clone())
+    assert layer_weights(first, step.merged[0]).qkv is None
+    assert layer_weights(first, step.merged[0]).gate_up is not None
+
+
 def test_fused_step_only_where_it_applies(dirs):
     from transformers import AutoModelForCausalLM
 
@@ -238,6 +272,29 @@ def test_cuda_fused_compiled_graph_greedy_equals_the_transformers_graph(dirs, pr
     assert fused.static_decode.fused is not None and fused.compiled
     params = SamplingParams(n=3, max_new_tokens=40, greedy=True)
     assert_same_samples(fused.generate(prompts, params), plain.generate(prompts, params), 1e-4)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_cuda_merged_projections_greedy_equal_the_transformers_graph(dirs, prompts):
+    """The fused, compiled step with q/k/v and gate/up merged, in float32: the greedy tokens of
+    the graph through transformers' forward, also after weight syncs (no new capture)."""
+    from safetensors.torch import load_file
+
+    merged = make_engine(
+        dirs["gqa"], static="auto", device="cuda", compile="true", merge_projections="true"
+    )
+    plain = make_engine(dirs["gqa"], static="auto", device="cuda", fused_step="false")
+    assert merged.static_decode.fused.merged[0][0] is not None
+    params = SamplingParams(n=3, max_new_tokens=40, greedy=True)
+    assert_same_samples(merged.generate(prompts, params), plain.generate(prompts, params), 1e-4)
+    captures = merged.static_decode.captures
+    for name in ("gqa1", "gqa"):
+        merged.update_weights(load_file(f"{dirs[name]}/model.safetensors").items())
+        reference = make_engine(dirs[name], static="false", device="cuda")
+        out = merged.generate(prompts, params)
+        assert_same_samples(out, reference.generate(prompts, params), 1e-4)
+    assert merged.static_decode.captures == captures
 
 
 @pytest.mark.gpu

@@ -62,6 +62,9 @@ _DTYPES = {
 }
 _SEED_STRIDE = 1_000_003  # separates the default sampling streams of different ranks
 CUDA_DONE_CHECK_EVERY = 8
+# engine_kwargs.hf.merge_projections=auto: the fused step's q/k/v and gate/up stay separate GEMMs
+# until the merged ones have been measured and their CUDA tests run on a GPU
+MERGE_PROJECTIONS_BY_DEFAULT = False
 
 
 def engine_option(config: Any, key: str, default: Any) -> Any:
@@ -131,10 +134,12 @@ class HFRolloutEngine(RolloutEngine):
     ``compile`` (``true``, and ``auto`` on CUDA: the fused step, the continued prefill's layers
     and the sampling run through ``torch.compile``, cached on disk by
     :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
-    ``auto`` on CPU: eager). ``prefix_cache`` (``true``, and ``auto`` when
-    ``multi_turn.enable``: keep the last call's KV, of its prompts or, with continuous
-    batching, of its prompts and responses, so that a prompt extending one of them, a
-    multi-turn episode's next turn, prefills only the new tokens,
+    ``auto`` on CPU: eager). ``merge_projections`` (``true``: the fused step computes each
+    layer's q/k/v and gate/up with one GEMM each over stacked weights, the modules' parameters
+    becoming views of them; ``false``, and ``auto`` for now: separate GEMMs).
+    ``prefix_cache`` (``true``, and ``auto`` when ``multi_turn.enable``: keep the last call's
+    KV, of its prompts or, with continuous batching, of its prompts and responses, so that a
+    prompt extending one of them, a multi-turn episode's next turn, prefills only the new tokens,
     :mod:`polyrl_rollout_hf.prefix_cache`; it holds one call's KV between calls, until the
     episodes' last turn; ``false``, and ``auto`` for single-turn runs, whose prompts never
     extend earlier ones: prefill every prompt whole and
@@ -200,6 +205,7 @@ class HFRolloutEngine(RolloutEngine):
         self.timing_sync = False
         fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
         compiled = _tri_state("compile", engine_option(config, "compile", "auto"))
+        merge = _tri_state("merge_projections", engine_option(config, "merge_projections", "auto"))
         # auto: the fused step wherever the model allows it; compiled on CUDA only, where it
         # removes the per-layer launch overhead that dominates a decode step (the CPU would pay
         # the compilation and gain little)
@@ -225,6 +231,7 @@ class HFRolloutEngine(RolloutEngine):
                     use_graphs=self.device.type == "cuda" and graphs is not False,
                     fused=fused is not False and fused_reason is None,
                     compile=self.compiled,
+                    merge=merge is True or (merge is None and MERGE_PROJECTIONS_BY_DEFAULT),
                 )
             else:
                 logger.warning("hf rollout: eager decode loop, no static KV cache: %s", reason)

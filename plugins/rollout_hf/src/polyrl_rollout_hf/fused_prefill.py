@@ -59,9 +59,9 @@ def continue_prefill(
     kv_heads, width, head_dim = caches[0][0].shape[1], mask.shape[1], caches[0][0].shape[3]
     groups = body.config.num_attention_heads // kv_heads
     sees = attention_mask(mask, new, groups)
-    layers = zip(body.layers, step.layer_eps, caches, strict=True)
-    for layer, eps, (keys, values) in layers:
-        w = layer_weights(layer)
+    layers = zip(body.layers, step.layer_eps, caches, step.merged, strict=True)
+    for layer, eps, (keys, values), merged in layers:
+        w = layer_weights(layer, merged)
         q, k, v = step.before(x, cos, sin, w, eps, kv_heads, head_dim)
         # [rows * T, KV, (G or 1), D] -> [rows, KV, (G *) T, D]
         keys[:, :, width - new :] = k.reshape(rows, new, kv_heads, head_dim).transpose(1, 2)

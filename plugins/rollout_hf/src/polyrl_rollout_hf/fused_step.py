@@ -48,6 +48,12 @@ class LayerWeights(NamedTuple):
     up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+    # q, k and v (gate and up) as row blocks of one tensor, when the parameters above are views
+    # of it (:func:`merge_projections`): one GEMM instead of three (two); else None
+    qkv: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
+    gate_up: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -99,9 +105,16 @@ def before_attention(
     """Grouped queries ``[rows, KV, H/KV, D]``, and the new key and value ``[rows, KV, 1, D]``."""
     rows = x.shape[0]
     h = rms_norm(x, w.norm_in, eps)
-    q = rotate(F.linear(h, w.q, w.q_bias).view(rows, -1, head_dim), cos, sin)
-    k = rotate(F.linear(h, w.k, w.k_bias).view(rows, kv_heads, head_dim), cos, sin)
-    v = F.linear(h, w.v, w.v_bias).view(rows, kv_heads, 1, head_dim)
+    if w.qkv is None:  # three GEMMs (the default)
+        q = rotate(F.linear(h, w.q, w.q_bias).view(rows, -1, head_dim), cos, sin)
+        k = rotate(F.linear(h, w.k, w.k_bias).view(rows, kv_heads, head_dim), cos, sin)
+        v = F.linear(h, w.v, w.v_bias).view(rows, kv_heads, 1, head_dim)
+    else:  # one over the stacked weights, its columns split
+        sizes = [w.q.shape[0], w.k.shape[0], w.v.shape[0]]
+        q, k, v = F.linear(h, w.qkv, w.qkv_bias).split(sizes, dim=-1)
+        q = rotate(q.reshape(rows, -1, head_dim), cos, sin)
+        k = rotate(k.reshape(rows, kv_heads, head_dim), cos, sin)
+        v = v.reshape(rows, kv_heads, 1, head_dim)
     return q.view(rows, kv_heads, -1, head_dim), k.unsqueeze(2), v
 
 
@@ -111,7 +124,13 @@ def after_attention(
     """The layer's output from its input ``x [rows, hidden]`` and attention ``[rows, H * D]``."""
     x = x + F.linear(attention, w.o, w.o_bias)
     h = rms_norm(x, w.norm_mid, eps)
-    gated = F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias)
+    if w.gate_up is None:  # two GEMMs (the default)
+        gated = F.silu(F.linear(h, w.gate, w.gate_bias)) * F.linear(h, w.up, w.up_bias)
+    else:  # one over the stacked weights, its columns split
+        gate, up = F.linear(h, w.gate_up, w.gate_up_bias).split(
+            [w.gate.shape[0], w.up.shape[0]], dim=-1
+        )
+        gated = F.silu(gate) * up
     return x + F.linear(gated, w.down, w.down_bias)
 
 
@@ -125,9 +144,19 @@ def _bias(linear: torch.nn.Module) -> torch.Tensor | None:
     return linear.bias
 
 
-def layer_weights(layer: torch.nn.Module) -> LayerWeights:
-    """``layer``'s tensors, read from its modules (a replaced parameter is seen at once)."""
+def layer_weights(
+    layer: torch.nn.Module, merged: tuple[Merged | None, Merged | None] = (None, None)
+) -> LayerWeights:
+    """``layer``'s tensors, read from its modules (a replaced parameter is seen at once), with
+    ``merged`` (:func:`merge_projections`) wherever the modules' parameters are still views of
+    it (a parameter replaced since, or moved, falls back to the separate GEMMs)."""
     attention, mlp = layer.self_attn, layer.mlp
+    qkv = (
+        merged[0]
+        if _views_of(merged[0], attention.q_proj, attention.k_proj, attention.v_proj)
+        else None
+    )
+    gate_up = merged[1] if _views_of(merged[1], mlp.gate_proj, mlp.up_proj) else None
     return LayerWeights(
         layer.input_layernorm.weight,
         attention.q_proj.weight,
@@ -145,7 +174,85 @@ def layer_weights(layer: torch.nn.Module) -> LayerWeights:
         _bias(mlp.up_proj),
         mlp.down_proj.weight,
         _bias(mlp.down_proj),
+        *(qkv or (None, None)),
+        *(gate_up or (None, None)),
     )
+
+
+class Merged(NamedTuple):
+    """The weights (and biases) of several linears stacked by rows; theirs are views of it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _views_of(merged: Merged | None, *linears: torch.nn.Module) -> bool:
+    """Whether ``linears``' weights (and biases) are still the consecutive row blocks of
+    ``merged``: a parameter replaced or moved since the merge no longer is."""
+    if merged is None:
+        return False
+    for name, whole in (("weight", merged.weight), ("bias", merged.bias)):
+        parts = [getattr(linear, name) for linear in linears]
+        if whole is None:
+            if any(part is not None for part in parts):
+                return False
+            continue
+        address, size = whole.data_ptr(), whole.element_size()
+        for part in parts:
+            if part is None or part.data_ptr() != address or not part.is_contiguous():
+                return False
+            address += part.numel() * size
+        if address != whole.data_ptr() + whole.numel() * size:
+            return False
+    return True
+
+
+@torch.no_grad()
+def _merge(*linears: torch.nn.Module) -> Merged | None:
+    """Stack ``linears``' weights (and biases) by rows into one tensor and make each parameter
+    a view of its block (same values, same dtype and device; an in-place update of a parameter,
+    as the weight sync makes, writes the merged tensor). None, changing nothing, when they
+    cannot be stacked (biases on some only, other dtypes or devices, other input sizes)."""
+    weights = [linear.weight for linear in linears]
+    biases = [linear.bias for linear in linears]
+    first = weights[0]
+    if any(
+        w.dim() != 2
+        or w.shape[1] != first.shape[1]
+        or w.dtype != first.dtype
+        or w.device != first.device
+        for w in weights
+    ):
+        return None
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    has_bias = biases[0] is not None
+    weight = torch.cat([w.detach() for w in weights])
+    bias = torch.cat([b.detach() for b in biases]) if has_bias else None
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = weight[start : start + rows]
+        if has_bias:
+            linear.bias.data = bias[start : start + rows]
+        start += rows
+    return Merged(weight, bias)
+
+
+def merge_projections(model: torch.nn.Module) -> list[tuple[Merged | None, Merged | None]]:
+    """Per decoder layer, q/k/v and gate/up stacked (:func:`_merge`): what the fused step then
+    computes with one GEMM each. The model's own forward reads the same values through the
+    views, and ``state_dict`` names and shapes are unchanged."""
+    merged = []
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        merged.append(
+            (
+                _merge(attention.q_proj, attention.k_proj, attention.v_proj),
+                _merge(mlp.gate_proj, mlp.up_proj),
+            )
+        )
+    return merged
 
 
 class FusedDecodeStep:
@@ -157,8 +264,12 @@ class FusedDecodeStep:
     update reaches the next step (and a CUDA graph captured over it) without any copy.
     """
 
-    def __init__(self, model: torch.nn.Module, *, compile: bool):
+    def __init__(self, model: torch.nn.Module, *, compile: bool, merge: bool = False):
         self.model = model
+        # q/k/v and gate/up as one GEMM each (:func:`merge_projections`), else three and two
+        self.merged = (
+            merge_projections(model) if merge else [(None, None)] * len(model.model.layers)
+        )
         body = model.model
         self.body = body
         first = body.layers[0].self_attn
@@ -195,9 +306,9 @@ class FusedDecodeStep:
         x = self.body.embed_tokens(input_ids)  # [rows, 1, hidden]
         cos, sin = self.body.rotary_emb(x, position_ids)  # [rows, 1, D]
         x = x.squeeze(1)
-        layers = zip(self.body.layers, self.layer_eps, caches, strict=True)
-        for layer, eps, (keys, values) in layers:
-            w = layer_weights(layer)  # read each call: a replaced parameter is seen at once
+        layers = zip(self.body.layers, self.layer_eps, caches, self.merged, strict=True)
+        for layer, eps, (keys, values), merged in layers:
+            w = layer_weights(layer, merged)  # read each call: a replaced parameter is seen at once
             kv_heads, head_dim = keys.shape[1], keys.shape[3]
             q, k, v = self.before(x, cos, sin, w, eps, kv_heads, head_dim)
             keys.index_copy_(2, column, k)

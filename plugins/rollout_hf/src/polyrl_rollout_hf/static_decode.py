@@ -396,11 +396,12 @@ class StaticDecodePool:
         use_graphs: bool,
         fused: bool = False,
         compile: bool = False,
+        merge: bool = False,
         max_decoders: int = 4,
     ):
         _register_attention()
         self.model = model
-        self.fused = FusedDecodeStep(model, compile=compile) if fused else None
+        self.fused = FusedDecodeStep(model, compile=compile, merge=merge) if fused else None
         self.pad_token_id = int(pad_token_id)
         self.use_graphs = bool(use_graphs)
         self.max_decoders = int(max_decoders)
