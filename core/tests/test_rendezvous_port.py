@@ -37,3 +37,16 @@ def test_the_kernel_picks_when_the_range_has_no_free_port(monkeypatch) -> None:
     port = rendezvous_port("127.0.0.1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_group_of_one_binds_a_free_port_itself() -> None:
+    """The in-process worker passes port 0: its store serves on a port the kernel gives it,
+    bound at once, so nothing can take it between the choice and the bind."""
+    from datetime import timedelta
+
+    store = rendezvous.rendezvous_store("127.0.0.1", 0, 0, 1, timedelta(seconds=10))
+    assert store.port > 0
+    store.set("key", "value")
+    assert store.get("key") == b"value"
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", store.port)) == 0

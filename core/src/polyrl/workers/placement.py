@@ -37,7 +37,6 @@ from polyrl.errors import ConfigError, PolyrlError
 from polyrl.workers.dispatch import Dispatch, gather_outputs, split_args
 from polyrl.workers.group import SPMDGroup
 from polyrl.workers.mesh import DataParallelRank, check_mesh
-from polyrl.workers.rendezvous import rendezvous_port
 from polyrl.workers.weight_sync import WeightSync, WeightSyncSettings
 from polyrl.workers.worker_plan import WorkerPlan
 
@@ -316,11 +315,11 @@ def _in_process_group(
     init_kwargs: dict[str, Any],
 ) -> SPMDGroup:
     """The run's one worker, built in this process (``trainer.worker_backend=in_process``):
-    a process group of one on a free loopback port, the roles colocated in it."""
+    a process group of one on a loopback port that it binds itself (port 0), the roles
+    colocated in it."""
     from polyrl.workers.local import LocalWorkerGroup
     from polyrl.workers.worker import Worker
 
-    port = rendezvous_port("127.0.0.1")
     return LocalWorkerGroup(
         worker_cls or Worker,
         world_size=1,
@@ -331,7 +330,7 @@ def _in_process_group(
             "roles": tuple(roles),
             "pool": pool,
             "master_addr": "127.0.0.1",
-            "master_port": port,
+            "master_port": 0,
         },
     )
 

@@ -21,14 +21,16 @@ from typing import Any
 
 def rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
     """The ``TCPStore`` for ``init_process_group(store=...)``: served by rank 0 on ``host:port``
-    only, joined by the other ranks."""
+    only, joined by the other ranks. Port 0, for a group of one: rank 0 binds a free port
+    itself (the store's ``port``), so no other process can take it between the choice and the
+    bind."""
     import torch.distributed as dist
 
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    fd, _ = listen_on(host, port, backlog=max(64, world_size))
+    fd, bound = listen_on(host, port, backlog=max(64, world_size))
     return dist.TCPStore(
-        host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd
+        host, bound, world_size, is_master=True, timeout=timeout, master_listen_fd=fd
     )
 
 

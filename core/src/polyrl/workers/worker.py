@@ -111,9 +111,11 @@ class Worker:
         import torch
         import torch.distributed as dist
 
+        timeout = timedelta(seconds=float(self.cfg.trainer.collective_timeout_s))
+        store = rendezvous_store(master_addr, master_port, self.rank, self.world_size, timeout)
         os.environ.update(
             MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
+            MASTER_PORT=str(store.port),  # the bound one where master_port is 0
             RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size),
             LOCAL_RANK="0",
@@ -122,10 +124,9 @@ class Worker:
             torch.cuda.set_device(0)  # Ray exposes exactly one GPU to this actor
         elif os.environ.get("OMP_NUM_THREADS"):  # a Ray worker's share of the cores
             torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        timeout = timedelta(seconds=float(self.cfg.trainer.collective_timeout_s))
         dist.init_process_group(
             backend="nccl" if self.device == "cuda" else "gloo",
-            store=rendezvous_store(master_addr, master_port, self.rank, self.world_size, timeout),
+            store=store,
             rank=self.rank,
             world_size=self.world_size,
             timeout=timeout,
