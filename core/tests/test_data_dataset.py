@@ -294,3 +294,18 @@ def test_the_run_knows_which_sources_its_reward_scores() -> None:
     assert has_scorer("polyrl/tiny_digits") and not has_scorer("my/unknown")
     custom = load_config(["recipe=tiny", "custom_reward_function.path=/any/file.py"])
     assert scorer_check(custom) is None  # the user's function may score any source
+
+
+def test_training_data_knows_the_data_sources_of_both_sets() -> None:
+    """The reward provider starts only what the run's data sources need (RewardContext)."""
+    from transformers import AutoTokenizer
+
+    from polyrl.api import load_config
+    from polyrl.models.resolve import resolve_model_path
+    from polyrl.trainer.trainer import prompt_data
+
+    cfg = load_config(["recipe=tiny"])
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+    )
+    assert prompt_data(cfg, tokenizer).data_sources == frozenset({"polyrl/tiny_digits"})

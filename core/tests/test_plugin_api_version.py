@@ -106,7 +106,7 @@ def overrides(tmp_path: Path) -> list[str]:
 
 # ---- judging a declaration ---------------------------------------------------------------------
 def test_api_version_is_the_one_the_specs_are_judged_against() -> None:
-    assert API_VERSION == "1.3"
+    assert API_VERSION == "1.4"
 
 
 @pytest.mark.parametrize("declared", [None, "", ">=1.0,<2", "~=1.0", "==1.*", ">=0.9"])

@@ -149,3 +149,28 @@ def test_reasoning_gym_scorer_uses_the_task_config_of_the_rows():
     extra = {"entry": entry, "task_config": one_place}
     assert default_compute_score(source, "<answer>1.05</answer>", "1.00", extra) == 1.0
     assert default_compute_score(source, "<answer>1.2</answer>", "1.00", extra) == 0.0
+
+
+def test_a_run_preloads_only_the_libraries_of_its_data_sources():
+    """Reward workers import the optional libraries before their first sample; a run whose data
+    sources are known imports only theirs (each import takes seconds in every worker)."""
+    import subprocess
+    import sys
+
+    from polyrl.rewards.scorers import OPTIONAL_MODULES, modules_for_sources
+
+    assert modules_for_sources(["polyrl/tiny_digits", "openai/gsm8k"]) == ()
+    assert modules_for_sources(["reasoning_gym/basic_arithmetic", "lighteval/MATH"]) == (
+        "math_verify",
+        "reasoning_gym",
+    )
+    assert set(modules_for_sources(["reasoning_gym/x"])) <= set(OPTIONAL_MODULES)
+    probe = (
+        "import sys; from polyrl.rewards._worker import ScorerRef; "
+        "ScorerRef(preload={}).load(); print(sorted(m for m in ('math_verify', 'reasoning_gym') "
+        "if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe.format("()")], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "[]"

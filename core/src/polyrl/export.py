@@ -230,13 +230,15 @@ def _write(model: Any, folder: str, mode: str, dtype: str, tokenizer: Any) -> No
     """``model`` (float32; a peft model for LoRA) into ``folder`` as ``mode`` asks."""
     import torch
 
+    from polyrl.models.saving import save_hf_model
+
     if hasattr(model, "merge_and_unload") and mode == MERGED:
         model = model.merge_and_unload()
     if mode == ADAPTERS:
         model.save_pretrained(folder)  # adapter_config.json naming the base model folder
     else:
         model.config.use_cache = True  # the engines train without a KV cache
-        model.to(getattr(torch, dtype)).save_pretrained(folder)
+        save_hf_model(model.to(getattr(torch, dtype)), folder)
     tokenizer.save_pretrained(folder)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-API_VERSION = "1.3"
+API_VERSION = "1.4"
 """The version of :mod:`polyrl.api`'s names, ``"major.minor"``: a minor bump adds names, a major
 bump removes or changes one. Re-exported as ``polyrl.api.API_VERSION``; a spec's ``api_version``
 is judged against it."""

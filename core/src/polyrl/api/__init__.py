@@ -102,6 +102,7 @@ from polyrl.workers.roles.base import Role, RoleContext
 # Keep the ``TYPE_CHECKING`` imports below in step (core/tests/test_api_boundary.py checks).
 _LAZY: dict[str, str] = {
     "following": "polyrl.config.sections:following",
+    "save_hf_model": "polyrl.models.saving:save_hf_model",
     "load_step_state": "polyrl.step.saved_state:load_step_state",
     "save_step_state": "polyrl.step.saved_state:save_step_state",
     "TIS_CAP_KEY": "polyrl.config.checks.off_policy:TIS_CAP_KEY",
@@ -223,6 +224,7 @@ if TYPE_CHECKING:
     from polyrl.data.unteachable import settle_unteachable
     from polyrl.envs.chat import ChatTokens
     from polyrl.envs.rollout import MultiTurnRollout
+    from polyrl.models.saving import save_hf_model
     from polyrl.plan import RunPlan, assemble, build_pipeline, select_algorithm
     from polyrl.rewards.sandbox import ProgramResult, SandboxLimits, run_program
     from polyrl.rewards.scorers import default_compute_score
@@ -406,6 +408,7 @@ __all__ = [
     "role_world",
     "rollout_node",
     "run_program",
+    "save_hf_model",
     "save_step_state",
     "schema_config",
     "schema_node",

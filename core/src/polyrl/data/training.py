@@ -54,10 +54,12 @@ Validation = Callable[["StepContext"], "dict[str, float] | ValidationResult"]
 
 @dataclass
 class TrainingData:
-    """The training batches (``loader``) and the validation (None: the run has none)."""
+    """The training batches (``loader``), the validation (None: the run has none), and the
+    ``data_source`` values of both sets' rows (None: not known)."""
 
     loader: BatchLoader
     validate: Validation | None = None
+    data_sources: frozenset[str] | None = None
 
 
 def training_data_from_files(
@@ -83,9 +85,22 @@ def training_data_from_files(
         seed=int(cfg.data.seed),
     )
     if not cfg.data.val_files:
-        return TrainingData(batches)
+        return TrainingData(batches, data_sources=_data_sources(train_set))
     val_set = dataset(resolve_data_files(cfg.data.val_files, "val"), tokenizer, cfg.data)
-    return TrainingData(batches, partial(validate, val_set))
+    sources = _data_sources(train_set, val_set)
+    return TrainingData(batches, partial(validate, val_set), data_sources=sources)
+
+
+def _data_sources(*datasets: Any) -> frozenset[str] | None:
+    """The ``data_source`` of every row of ``datasets``; None when one of them does not hold
+    its rows as :class:`polyrl.data.dataset.PromptItem` (a dataset of its own kind)."""
+    sources: set[str] = set()
+    for data in datasets:
+        items = getattr(data, "items", None)
+        if not isinstance(items, list):
+            return None
+        sources.update(str(getattr(item, "data_source", "")) for item in items)
+    return frozenset(sources)
 
 
 def _sampled(cfg: Any, loader: Callable[..., BatchLoader], train_set: Any) -> BatchLoader | None:

@@ -36,11 +36,14 @@ class RewardResult:
 
 @dataclass
 class RewardContext:
-    """``reward_model`` and ``custom_reward_function`` config nodes, and the run's seed."""
+    """``reward_model`` and ``custom_reward_function`` config nodes, the run's seed, and the
+    ``data_source`` values of its training and validation rows (None where the data does not
+    tell them), so that a provider starts only what those sources need."""
 
     reward_model: Any
     custom_reward_function: Any
     seed: int = 0
+    data_sources: frozenset[str] | None = None
 
 
 class RewardProvider(ABC):

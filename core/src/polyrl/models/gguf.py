@@ -110,5 +110,7 @@ def _save_plain(
             f"unexpected tensors {unexpected[:5]} (missing reported: {missing[:5]})"
         )
     model.generation_config = generation_config
-    model.save_pretrained(out_dir, safe_serialization=True)
+    from polyrl.models.saving import save_hf_model
+
+    save_hf_model(model, out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

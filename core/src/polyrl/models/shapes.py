@@ -171,7 +171,9 @@ def build_random_model(
         model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    from polyrl.models.saving import save_hf_model
+
+    save_hf_model(model, str(out))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
         generation = Path(tokenizer_from, "generation_config.json")

@@ -149,7 +149,9 @@ def build_tiny_model(out_dir: str, *, seed: int = 0) -> str:
     model.generation_config = GenerationConfig(
         eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID, do_sample=True
     )
-    model.save_pretrained(str(out), safe_serialization=True)
+    from polyrl.models.saving import save_hf_model
+
+    save_hf_model(model, str(out), safe_serialization=True)
     # Record how the folder was made (useful when a cached copy is inspected).
     (out / "polyrl_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}))
     return os.fspath(out)

@@ -109,7 +109,9 @@ def build_tiny_reward_model(
     model.eval()
     for leftover in ("generation_config.json", "polyrl_tiny.json"):
         Path(out_dir, leftover).unlink(missing_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    from polyrl.models.saving import save_hf_model
+
+    save_hf_model(model, out_dir, safe_serialization=True)
     return os.fspath(out_dir)
 
 

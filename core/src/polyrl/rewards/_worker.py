@@ -22,19 +22,21 @@ from polyrl.rewards.sandbox import become_subreaper
 class ScorerRef:
     """A picklable (and JSON-able) reference to the scoring function: the built-in dispatcher
     (``path`` None; ``plugins`` holds the installed plugins' data-source scorers as
-    :func:`polyrl.rewards.scorers.plugin_scorer_refs` gives them) or ``name`` in the file
+    :func:`polyrl.rewards.scorers.plugin_scorer_refs` gives them; ``preload`` the optional
+    libraries to import before the first sample, None for all of them) or ``name`` in the file
     ``path``. Workers resolve it themselves: functions defined in a user's file cannot be pickled
     by reference across processes."""
 
     path: str | None = None
     name: str = "compute_score"
     plugins: dict[str, Any] = field(default_factory=dict)
+    preload: tuple[str, ...] | None = None
 
     def load(self) -> ScoreFn:
         if self.path is None:
             from polyrl.rewards.scorers import default_compute_score, load_plugin_scorers, preload
 
-            preload()
+            preload(self.preload)
             return functools.partial(
                 default_compute_score, plugin_scorers=load_plugin_scorers(self.plugins)
             )
@@ -88,9 +90,12 @@ def worker_main(conn: Connection, scorer: ScorerRef) -> None:
         conn.send((task_id, score_one(fn, payload)))
 
 
-def sandbox_main(path: str | None, name: str, plugins: dict[str, Any]) -> None:
+def sandbox_main(
+    path: str | None, name: str, plugins: dict[str, Any], preload: list[str] | None = None
+) -> None:
     """Entry point of a sandboxed worker (run by the sandbox's launcher): the same loop as
     :func:`worker_main`, over JSON lines on stdin/stdout instead of a pickling pipe."""
     from polyrl.rewards.sandbox import serve_stdio
 
-    worker_main(serve_stdio(), ScorerRef(path=path, name=name, plugins=plugins))
+    modules = None if preload is None else tuple(preload)
+    worker_main(serve_stdio(), ScorerRef(path=path, name=name, plugins=plugins, preload=modules))

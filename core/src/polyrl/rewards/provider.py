@@ -12,7 +12,7 @@ from polyrl.rewards._worker import ScorerRef
 from polyrl.rewards.custom import check_custom_function
 from polyrl.rewards.runner import RewardRunner
 from polyrl.rewards.sandbox import SandboxLimits
-from polyrl.rewards.scorers import EVALUATING_SCORERS, plugin_scorer_refs
+from polyrl.rewards.scorers import EVALUATING_SCORERS, modules_for_sources, plugin_scorer_refs
 
 
 class NaiveRewardProvider(RewardProvider):
@@ -39,7 +39,13 @@ class NaiveRewardProvider(RewardProvider):
             # every worker or by taking the driver down.
             check_custom_function(path, name, float(custom.load_timeout_s))
         plugins = {} if path else plugin_scorer_refs(rm)
-        scorer = ScorerRef(path=str(path) if path else None, name=name, plugins=plugins)
+        sources = getattr(ctx, "data_sources", None)  # a duck-typed context may lack it
+        scorer = ScorerRef(
+            path=str(path) if path else None,
+            name=name,
+            plugins=plugins,
+            preload=None if sources is None else modules_for_sources(sources),
+        )
         if str(rm.sandbox) == "never" and not path:
             print(unsandboxed_line(int(rm.num_workers), plugins), file=sys.stderr, flush=True)
         self.runner = RewardRunner(

@@ -61,7 +61,7 @@ class _Worker:
         if sandbox is not None:
             process = SandboxedProcess(
                 "polyrl.rewards._worker:sandbox_main",
-                [scorer.path, scorer.name, scorer.plugins],
+                [scorer.path, scorer.name, scorer.plugins, scorer.preload],
                 sandbox,
                 name,
             )

@@ -34,7 +34,7 @@ import importlib
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
@@ -272,18 +272,30 @@ def tiny_digits_score(solution_str: str, ground_truth: Any) -> dict[str, float]:
 
 
 # ---- warm-up ------------------------------------------------------------------------------------
-def preload() -> None:
-    """Import the libraries the built-in scorers use (where installed).
+#: The optional libraries of the built-in scorers, imported by :func:`preload` by default.
+OPTIONAL_MODULES = ("math_verify", "reasoning_gym")
+
+
+def preload(modules: Iterable[str] | None = None) -> None:
+    """Import ``modules`` (default: every optional library of the built-in scorers), where
+    installed.
 
     Reward workers call this at start-up, before they report ready: ``import reasoning_gym``
     takes seconds (10 s on a loaded 2-core machine), and inside a sample's timeout it would make
-    the first samples time out, and their replacement workers too.
+    the first samples time out, and their replacement workers too. A run whose data sources are
+    known imports only theirs (:func:`modules_for_sources`): every worker of every run pays the
+    import.
     """
-    for module in ("math_verify", "reasoning_gym"):
+    for module in OPTIONAL_MODULES if modules is None else modules:
         try:
             importlib.import_module(module)
         except ImportError:
             continue
+
+
+def modules_for_sources(data_sources: Iterable[str]) -> tuple[str, ...]:
+    """The optional libraries the built-in scorers of ``data_sources`` need, in a stable order."""
+    return tuple(sorted({module for s in data_sources for module in _source_modules(s)}))
 
 
 # ---- optional libraries -------------------------------------------------------------------------

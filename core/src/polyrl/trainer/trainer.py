@@ -226,7 +226,12 @@ class RLTrainer:
 
         reward_cls = plan.reward_provider.load()
         self.reward = reward_cls(
-            RewardContext(cfg.reward_model, cfg.custom_reward_function, int(cfg.trainer.seed))
+            RewardContext(
+                cfg.reward_model,
+                cfg.custom_reward_function,
+                int(cfg.trainer.seed),
+                data_sources=self.data.data_sources,
+            )
         )
         self.pipeline = plan.pipeline
         self.schedule = make_schedule(cfg, self.pipeline, self.plan.schedule)

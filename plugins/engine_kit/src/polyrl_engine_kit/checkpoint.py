@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from polyrl.api import PolyrlError
+from polyrl.api import PolyrlError, save_hf_model
 from polyrl_engine_kit.config import EngineSettings, resolve_settings
 from polyrl_engine_kit.modeling import load_hf_model
 
@@ -151,7 +151,7 @@ def write_hf_folder(
             f"unexpected {unexpected[:5]}"
         )
     model.tie_weights()
-    model.save_pretrained(path)
+    save_hf_model(model, path)
     copy_tokenizer(tokenizer_source, path, trust_remote_code, chat_template)
 
 
