@@ -221,11 +221,22 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
             )
 
 
-@ray.remote(num_cpus=0)
 def _rendezvous_address(loopback: bool) -> tuple[str, int]:
-    """IP of the node hosting rank 0, and a free port there, for torch.distributed."""
+    """IP of this node (loopback: 127.0.0.1), and a free port there, for torch.distributed."""
     host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
     return host, rendezvous_port(host)
+
+
+_rendezvous_address_there = ray.remote(num_cpus=0)(_rendezvous_address)
+
+
+def _rank0_rendezvous_address(rank0_node: str, loopback: bool, strategy: Any) -> tuple[str, int]:
+    """:func:`_rendezvous_address` of the node hosting rank 0: found in this process when that
+    node is this driver's (every single-machine run), else by a task placed there (``strategy``),
+    whose worker process would be started for this alone."""
+    if rank0_node == ray.get_runtime_context().get_node_id():
+        return _rendezvous_address(loopback)
+    return ray.get(_rendezvous_address_there.options(scheduling_strategy=strategy).remote(loopback))
 
 
 WORKER_ERROR_LOG = "worker_errors.log"
@@ -308,10 +319,8 @@ class WorkerGroup(SPMDGroup):
         bundle_nodes = ray.util.placement_group_table(self.placement_group)["bundles_to_node_id"]
         self.nodes = placed_nodes(plan, bundle_nodes, alive_nodes())
         # Loopback only where no rank can be on another machine: the cluster this process started.
-        master_addr, master_port = ray.get(
-            _rendezvous_address.options(scheduling_strategy=strategy(0)).remote(
-                loopback=device == "cpu" and _started_local_cluster
-            )
+        master_addr, master_port = _rank0_rendezvous_address(
+            self.nodes[0].node_id, device == "cpu" and _started_local_cluster, strategy(0)
         )
         remote_cls = ray.remote(worker_cls)
         options: dict[str, Any] = {"num_cpus": cpus_per_worker}
