@@ -5,10 +5,11 @@ NCCL (CUDA) group over loopback, runs ``fn(rank, world_size, *args)`` and return
 value. A rank that hangs (e.g. mismatched collectives) makes :func:`run_on_ranks` raise
 ``TimeoutError`` after killing every rank, instead of hanging the caller.
 
-Gloo ranks are forked from multiprocessing's fork server, which imports :data:`PRELOAD` once: a
-spawned rank would import torch, transformers and megatron-core again, seconds of CPU per rank
-and most of a small test's time. The server runs no threads and no collective, so the forked
-ranks start as clean as spawned ones; each gets the caller's current environment.
+Gloo ranks are forked from multiprocessing's fork server, which imports :data:`PRELOAD` once (set
+when this module is imported: it is meant for test and benchmark processes): a spawned rank
+would import torch, transformers and megatron-core again, seconds of CPU per rank and most of a
+small test's time. The server runs no threads and no collective, so the forked ranks start as
+clean as spawned ones; each gets the caller's current environment.
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ PRELOAD = (
 )
 
 
-def _start_method(backend: str) -> str:
-    """``forkserver`` with :data:`PRELOAD` (which takes effect when this process starts the
-    server; a server already started by other code forks ranks without it), else ``spawn``.
-    NCCL ranks are spawned: no CUDA state of any kind may reach them through a fork."""
-    if backend == "nccl" or "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
+_FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()
+if _FORKSERVER:
+    # Set on import, before any code of the process starts the (one, shared) fork server: a
+    # server started first by other code (a reward runner's) would fork ranks without it.
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
-    return "forkserver"
+
+
+def _start_method(backend: str) -> str:
+    """``forkserver`` where available, else ``spawn``. NCCL ranks are spawned: no CUDA state of
+    any kind may reach them through a fork."""
+    return "forkserver" if _FORKSERVER and backend != "nccl" else "spawn"
 
 
 def _rendezvous(rank: int, world_size: int, result_dir: str, timeout_s: float) -> Any:
