@@ -93,3 +93,28 @@ def test_start_failure_names_the_rank_and_shutdown_calls_workers():
     group.shutdown()
     assert all(w.shut for w in workers)
     assert group.workers == []
+
+
+class Stepper:
+    """A step that outlives the caller's wait, as when a signal interrupts the driver."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.events: list[str] = []
+
+    def step(self) -> None:
+        time.sleep(0.5)
+        self.events.append("step done")
+
+    def shutdown(self) -> None:
+        self.events.append("shutdown")
+
+
+def test_shutdown_waits_for_an_interrupted_call_to_end_first():
+    """Leaving the process group under a running step aborted the interpreter at exit (a
+    SIGTERM mid-step of an in-process run, under load)."""
+    group = LocalWorkerGroup(Stepper, world_size=1)
+    worker = group.workers[0]
+    with pytest.raises(WorkerError, match="did not finish"):
+        group.run("step", [()], timeout_s=0.05)  # the caller stops waiting; the step runs on
+    group.shutdown(timeout_s=5)
+    assert worker.events == ["step done", "shutdown"]

@@ -34,6 +34,9 @@ class LocalWorkerGroup(SPMDGroup):
         ready_timeout_s: float | None = 60.0,
     ) -> None:
         self.name, self.world_size = name, world_size
+        # The threads of the last call: one a signal interrupted (the caller stopped waiting)
+        # may still be running a step when the workers are shut down.
+        self._threads: list[threading.Thread] = []
         kwargs = dict(init_kwargs or {})
         self.workers: list[Any] = self._in_threads(
             [
@@ -69,10 +72,14 @@ class LocalWorkerGroup(SPMDGroup):
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises
                 done.put((rank, False, exc))
 
-        for rank, fn in enumerate(calls):
+        self._threads = [
             threading.Thread(
                 target=runner, args=(rank, fn), daemon=True, name=f"polyrl-{self.name}-{rank}"
-            ).start()
+            )
+            for rank, fn in enumerate(calls)
+        ]
+        for thread in self._threads:
+            thread.start()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         results: dict[int, Any] = {}
         while len(results) < len(calls):
@@ -93,8 +100,13 @@ class LocalWorkerGroup(SPMDGroup):
         return [results[rank] for rank in range(len(calls))]
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Call each worker's ``shutdown()`` when it has one; errors and stuck ranks are ignored
-        (the objects are dropped either way)."""
+        """Call each worker's ``shutdown()`` when it has one, once the last call's threads have
+        ended (within ``timeout_s``: a step that a signal interrupted the caller's wait for runs
+        on, and leaving its process group under it aborted the interpreter at exit); errors and
+        stuck ranks are ignored (the objects are dropped either way)."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         if all(hasattr(worker, "shutdown") for worker in self.workers):
             with contextlib.suppress(WorkerError):
                 self.run("shutdown", [()] * self.world_size, timeout_s=timeout_s)
