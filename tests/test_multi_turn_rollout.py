@@ -273,3 +273,64 @@ def test_the_gen_stage_releases_the_kept_kv_after_the_last_turn(model_path, toke
     assert methods[-1] == ("reset_prefix_cache", "BROADCAST")
     assert [m for m, _ in methods[:-1]] == ["generate", "generate"]  # two turns
     assert kept_at_release[0] > 0 and len(engine.prefix_cache) == 0
+
+
+def test_model_code_trying_to_escape_the_python_tools_sandbox_stays_in_its_episode(
+    tokenizer, tmp_path
+):
+    """Model-written programs run by the ``python`` tool in polyrl's sandbox: one tries the
+    network, one writes outside its folder, one kills the driver (this process), one never ends.
+    Each gets its failure as the tool's message, nothing escapes, and every episode goes on to
+    answer."""
+    import json
+    import os
+    import socket
+
+    from polyrl_env_tools.builtin_tools import PYTHON_SCHEMA, python
+
+    outside = tmp_path / "escaped.txt"
+    programs = {
+        "network": "import socket\nsocket.create_connection(('127.0.0.1', PORT), timeout=2)\n"
+        "print('connected')",
+        "write": f"open({str(outside)!r}, 'w').write('out')\nprint('written')",
+        "driver": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\nprint('killed')",
+        "forever": "while True:\n    pass",
+    }
+    with socket.socket() as listener:  # a server the network attempt would reach
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0)
+        port = listener.getsockname()[1]
+
+        def code_call(code: str) -> str:
+            arguments = json.dumps({"code": code.replace("PORT", str(port))})
+            return f'<tool_call>{{"name": "python", "arguments": {arguments}}}</tool_call>'
+
+        multi_turn = settings(tool_timeout_s=15.0)
+        env = ToolEnvironment(
+            env_context(multi_turn), tools=[function_tool(python, PYTHON_SCHEMA["function"])]
+        )
+        rollout = MultiTurnRollout(
+            env,
+            ChatTokens(tokenizer, [EOS_TOKEN_ID]),
+            multi_turn,
+            max_response_length=600,
+            max_prompt_length=64,
+        )
+        rounds = [[code_call(c) for c in programs.values()], ["4"] * len(programs)]
+        rows, prompts = rows_and_prompts(tokenizer, len(programs))
+        trajectories, metrics = rollout.run(
+            rows, prompts, scripted(tokenizer, rounds), SamplingParams()
+        )
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing connected
+    assert [t.end_reason for t in trajectories] == ["done"] * len(programs)
+    assert all(t.assistant_turns == 2 and t.last_text == "4" for t in trajectories)
+    texts = [tokenizer.decode(t.tokens) for t in trajectories]
+    replies = [text.split("<|im_start|>tool")[1].split("<|im_end|>")[0] for text in texts]
+    for name, reply in zip(programs, replies):
+        assert not {"connected", "written", "killed"} & set(reply.split()), (name, reply)
+        assert "exit code" in reply or "stopped" in reply, (name, reply)
+    assert "stopped: over" in replies[3]
+    assert not outside.exists()
+    assert metrics["multi_turn/tool_calls/mean"] == 1.0
