@@ -75,6 +75,16 @@ def rows_and_prompts(tokenizer, count):
     return rows, [prompt] * count
 
 
+def tool_rollout(env, tokenizer, multi_turn, max_response_length, max_prompt_length):
+    return MultiTurnRollout(
+        env,
+        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
+        multi_turn,
+        max_response_length=max_response_length,
+        max_prompt_length=max_prompt_length,
+    )
+
+
 def tool_tiny(multi_turn):
     return ToolTinyEnvironment(env_context(multi_turn))
 
@@ -115,13 +125,7 @@ def test_trajectories_hold_the_sampled_tokens_and_mask_the_tools(
 
     multi_turn = settings(max_assistant_turns=2, max_tokens_per_turn=8)
     env = environment(multi_turn)
-    rollout = MultiTurnRollout(
-        env,
-        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-        multi_turn,
-        max_response_length=48,
-        max_prompt_length=32,
-    )
+    rollout = tool_rollout(env, tokenizer, multi_turn, 48, 32)
     rows, prompts = rows_and_prompts(tokenizer, 3)
     try:
         trajectories, metrics = rollout.run(rows, prompts, generate, SamplingParams(seed=3))
@@ -198,13 +202,7 @@ def test_a_hanging_a_raising_and_a_flooding_tool_end_only_their_episodes(tokeniz
     ]
     multi_turn = settings()
     env = ToolEnvironment(env_context(multi_turn), tools=tools)
-    rollout = MultiTurnRollout(
-        env,
-        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-        multi_turn,
-        max_response_length=400,
-        max_prompt_length=64,
-    )
+    rollout = tool_rollout(env, tokenizer, multi_turn, 400, 64)
     rounds = [[call("hang"), call("fail"), call("flood"), call("good")], ["4", "4"]]
     generate = scripted(tokenizer, rounds)
     rows, prompts = rows_and_prompts(tokenizer, 4)
@@ -257,13 +255,7 @@ def test_the_gen_stage_releases_the_kept_kv_after_the_last_turn(model_path, toke
         batch[key] = [row[key] for row in rows]
     multi_turn = settings(max_assistant_turns=2, max_tokens_per_turn=8)
     env = tool_tiny(multi_turn)
-    rollout = MultiTurnRollout(
-        env,
-        ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-        multi_turn,
-        max_response_length=48,
-        max_prompt_length=32,
-    )
+    rollout = tool_rollout(env, tokenizer, multi_turn, 48, 32)
     params = SamplingParams(n=2, max_new_tokens=48, greedy=True)
     try:
         run_episodes(SimpleNamespace(workers=roles, tokenizer=tokenizer), rollout, batch, params)
@@ -310,13 +302,7 @@ def test_model_code_trying_to_escape_the_python_tools_sandbox_stays_in_its_episo
         env = ToolEnvironment(
             env_context(multi_turn), tools=[function_tool(python, PYTHON_SCHEMA["function"])]
         )
-        rollout = MultiTurnRollout(
-            env,
-            ChatTokens(tokenizer, [EOS_TOKEN_ID]),
-            multi_turn,
-            max_response_length=600,
-            max_prompt_length=64,
-        )
+        rollout = tool_rollout(env, tokenizer, multi_turn, 600, 64)
         rounds = [[code_call(c) for c in programs.values()], ["4"] * len(programs)]
         rows, prompts = rows_and_prompts(tokenizer, len(programs))
         trajectories, metrics = rollout.run(
