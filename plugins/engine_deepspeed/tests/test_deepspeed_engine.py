@@ -95,12 +95,15 @@ def _scenario_resume(rank: int, world: int, path: str, ckpt_root: str) -> dict:
 
 
 def _scenario_frozen_and_export(rank: int, world: int, path: str, export_dir: str) -> dict:
+    from deepspeed.comm import comm as deepspeed_comm
+
     from polyrl_engine_deepspeed.engine import DeepSpeedEngine
 
     batch = _batch(7).chunk(world)[rank]
     actor = DeepSpeedEngine(_ctx(rank, path, 3, dtype="float32"))
     out = {"actor": actor.compute_log_prob(batch)[0], "weights": _weights(actor)}
     out["mask"] = batch["response_mask"]
+    out["shm_op_built"] = deepspeed_comm.cdb.shm_comm_op is not None
     actor.export_hf(export_dir)
     del actor
     for stage in (2, 3):
@@ -166,6 +169,12 @@ def test_frozen_roles_score_like_the_actor_and_refuse_to_train(frozen) -> None:
             assert "non-trainable engine (role 'ref')" in rank[f"ref{stage}_train"]
         # ZeRO-1/2 only partition what training needs; ZeRO-3 also partitions a frozen model
         assert rank["ref2_zero"] == 0 and rank["ref3_zero"] == 3
+
+
+def test_joining_on_cpu_compiles_no_shared_memory_op(frozen) -> None:
+    """DeepSpeed's CPU allreduce op serves inference only; building it cost every first run."""
+    results, _ = frozen
+    assert [rank["shm_op_built"] for rank in results] == [False] * WORLD
 
 
 def test_sum_pi_squared_comes_with_the_same_log_probs(frozen) -> None:

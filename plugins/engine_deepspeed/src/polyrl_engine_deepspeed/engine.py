@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 from deepspeed.utils import safe_get_full_fp32_param
 
@@ -77,7 +78,22 @@ def _join_process_group(ctx: EngineContext, device: torch.device) -> None:
             "DeepSpeed needs LOCAL_RANK (this process's device index on its node) in the "
             "environment; the polyrl worker sets it, a custom launcher must too"
         )
+    _skip_the_shared_memory_allreduce_build()
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+
+
+def _skip_the_shared_memory_allreduce_build() -> None:
+    """Keep DeepSpeed's communication backend from compiling its CPU shared-memory op.
+
+    On a CPU accelerator the backend JIT-compiles that C++ op (tens of CPU seconds on a machine
+    that has not built it yet) for ``inference_all_reduce`` alone, which training never calls.
+    Marked incompatible, the backend leaves every collective to torch.distributed, as it does
+    where the op does not exist; DeepSpeed caches its compatibility table in the module, so
+    the mark holds for the process.
+    """
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 class DeepSpeedEngine(LogProbMethods, TrainingEngine):
