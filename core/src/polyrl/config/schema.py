@@ -356,6 +356,10 @@ class TrainerConfig:
     export_hf_every_save: bool = False
     seed: int = 1
     ray_init: dict[str, Any] = field(default_factory=dict)
+    # A joined cluster (RAY_ADDRESS) lacking what a pool asks may grow (an autoscaler, a node being
+    # started) for this long before the run stops with one line; a cluster the run started
+    # itself cannot grow and fails at once
+    joined_cluster_growth_s: float = 30.0
     # ray: every pool's workers are Ray actors (processes of their own). in_process: the one
     # worker runs in this process, without Ray (no cluster to start, no worker process to
     # import torch again; a debugger stops in worker code): for a run of one pool of one

@@ -253,6 +253,7 @@ class RLTrainer:
             ensure_ray(
                 num_cpus=max(self.world_size, os.cpu_count() or 1) if device == "cpu" else None,
                 extra=dict(cfg.trainer.ray_init),
+                joined_growth_s=float(cfg.trainer.joined_cluster_growth_s),
             )
         self._restarts: list[Restart] = []
         self._first_start()

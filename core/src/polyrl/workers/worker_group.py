@@ -44,9 +44,6 @@ RAY_ANSWER_TIMEOUT_S = 10.0
 #: Ray server and worker then listens on 127.0.0.1 only, and the node's address is 127.0.0.1.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
-#: How long a joined cluster that lacks what a pool asks may take to grow (an autoscaler, a
-#: node being started) before the run stops with one line.
-JOINED_CLUSTER_GROWTH_S = 30.0
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 #: Whether this process started the Ray cluster it uses (then nothing outside it can add
@@ -54,9 +51,15 @@ _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 _started_local_cluster = False
 #: The address of the cluster this process joined (None: it started its own, or has none yet).
 _joined_address: str | None = None
+#: How long that cluster may take to grow to what a pool asks (``trainer.joined_cluster_growth_s``).
+_joined_growth_s = 30.0
 
 
-def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None) -> None:
+def ensure_ray(
+    num_cpus: int | None = None,
+    extra: dict[str, Any] | None = None,
+    joined_growth_s: float = 30.0,
+) -> None:
     """Start a local Ray (or join the cluster of ``RAY_ADDRESS`` / ``trainer.ray_init.address``)
     with quiet, offline-friendly defaults.
 
@@ -64,8 +67,10 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     torch.distributed's rendezvous); a cluster address is checked to answer, as Ray, within
     :data:`RAY_CONNECT_TIMEOUT_S` (one line naming it otherwise). Ctrl-C or SIGTERM while Ray
     starts or is joined become the usual clean stop (one line, 130/143, Ray's processes ended).
+    A joined cluster lacking what a pool asks gets ``joined_growth_s`` to grow
+    (:func:`check_cluster_fits`).
     """
-    global _started_local_cluster, _joined_address
+    global _started_local_cluster, _joined_address, _joined_growth_s
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray starts its workers at nice 15; here the workers ARE the compute (engines), so on a
     # machine with any other load they starve (measured: engine calls 16x slower at load 8 on
@@ -90,6 +95,7 @@ def ensure_ray(num_cpus: int | None = None, extra: dict[str, Any] | None = None)
     _init_with_signals_kept(kwargs)
     _started_local_cluster = not address or address == "local"
     _joined_address = None if _started_local_cluster else address
+    _joined_growth_s = joined_growth_s
 
 
 def _listen_on_loopback() -> None:
@@ -185,7 +191,7 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
     """One line when the cluster cannot hold ``bundles`` at all (GPUs asked on a machine without
     any): Ray would otherwise wait for resources that may never come. The cluster this process
     started cannot grow, so it fails at once; a joined one may (an autoscaler, a node being
-    started): it gets :data:`JOINED_CLUSTER_GROWTH_S` to. Ray started by someone else (a
+    started): it gets ``trainer.joined_cluster_growth_s`` to. Ray started by someone else (a
     test's own ``ray.init``) is left to the placement timeout."""
     if not _started_local_cluster and _joined_address is None:
         return
@@ -198,14 +204,12 @@ def check_cluster_fits(bundles: Sequence[dict[str, float]], pool: str) -> None:
         total = ray.cluster_resources()
         return all(need <= total.get(resource, 0) for resource, need in needs.items())
 
-    if _joined_address is not None and wait_until(fits, JOINED_CLUSTER_GROWTH_S):
+    if _joined_address is not None and wait_until(fits, _joined_growth_s):
         return
     total = ray.cluster_resources()
     where = "this machine's Ray cluster"
     if _joined_address is not None:
-        where = (
-            f"the Ray cluster at RAY_ADDRESS={_joined_address} after {JOINED_CLUSTER_GROWTH_S:g} s"
-        )
+        where = f"the Ray cluster at RAY_ADDRESS={_joined_address} after {_joined_growth_s:g} s"
     for resource, need in needs.items():
         have = total.get(resource, 0)
         if need > have:

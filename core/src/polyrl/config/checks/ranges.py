@@ -105,6 +105,7 @@ def check_ranges(checker: Checker) -> None:
     c.choice("trainer.device", DEVICES)
     c.choice("trainer.worker_backend", WORKER_BACKENDS)
     c.number("trainer.total_epochs", at_least(1), ">= 1", integer=True)
+    c.number("trainer.joined_cluster_growth_s", at_least(0), ">= 0")
     c.number("trainer.log_val_generations", at_least(0), "0 (off) or more", integer=True)
     c.number(
         "trainer.total_training_steps", at_least(1), "null or >= 1", optional=True, integer=True
