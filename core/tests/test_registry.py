@@ -12,7 +12,7 @@ import pytest
 
 from polyrl import hookimpl
 from polyrl import registry as registry_module
-from polyrl.plugin_import import ABANDONED_ENV, DISCOVERY_TIMEOUT_ENV
+from polyrl.plugin_import import ABANDONED_ENV, DISCOVERY_TIMEOUT_ENV, discovery_timeout_s
 from polyrl.registry import (
     PluginBrokenError,
     PluginConflictError,
@@ -316,6 +316,13 @@ def test_an_abandoned_import_is_skipped_at_once_by_the_processes_started_after_i
     [*_, blocked] = discover().broken
     assert time.monotonic() - start < 0.4  # no wait for the bound this time
     assert "did not finish in the process that started this one" in blocked.error
+
+
+def test_the_import_bound_defaults_to_20_s_and_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv(DISCOVERY_TIMEOUT_ENV, raising=False)
+    assert discovery_timeout_s() == 20.0
+    monkeypatch.setenv(DISCOVERY_TIMEOUT_ENV, "2.5")
+    assert discovery_timeout_s() == 2.5
 
 
 def test_a_hook_that_exits_or_blocks_marks_its_plugin_broken(monkeypatch) -> None:
