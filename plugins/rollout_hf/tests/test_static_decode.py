@@ -162,7 +162,7 @@ def test_merged_projections_sample_what_the_separate_ones_sample(dirs, prompts, 
     from polyrl_rollout_hf.fused_step import layer_weights
 
     merged = make_engine(dirs[model], static="true", merge_projections="true")
-    separate = make_engine(dirs[model], static="true")
+    separate = make_engine(dirs[model], static="true", merge_projections="false")
     step = merged.static_decode.fused
     assert step is not None and separate.static_decode.fused.merged[0] == (None, None)
     first = merged.model.model.layers[0]

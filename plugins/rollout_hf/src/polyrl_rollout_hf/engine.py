@@ -62,9 +62,10 @@ _DTYPES = {
 }
 _SEED_STRIDE = 1_000_003  # separates the default sampling streams of different ranks
 CUDA_DONE_CHECK_EVERY = 8
-# engine_kwargs.hf.merge_projections=auto: the fused step's q/k/v and gate/up stay separate GEMMs
-# until the merged ones have been measured and their CUDA tests run on a GPU
-MERGE_PROJECTIONS_BY_DEFAULT = False
+# engine_kwargs.hf.merge_projections=auto: the fused step's q/k/v and gate/up as one GEMM each
+# (faster decode steps on CUDA, greedy tokens equal to the separate GEMMs'; see
+# benchmarks/gpu/README.md)
+MERGE_PROJECTIONS_BY_DEFAULT = True
 
 
 def engine_option(config: Any, key: str, default: Any) -> Any:
@@ -136,7 +137,7 @@ class HFRolloutEngine(RolloutEngine):
     :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
     ``auto`` on CPU: eager). ``merge_projections`` (``true``: the fused step computes each
     layer's q/k/v and gate/up with one GEMM each over stacked weights, the modules' parameters
-    becoming views of them; ``false``, and ``auto`` for now: separate GEMMs).
+    becoming views of them, and ``auto``; ``false``: separate GEMMs).
     ``prefix_cache`` (``true``, and ``auto`` when ``multi_turn.enable``: keep the last call's
     KV, of its prompts or, with continuous batching, of its prompts and responses, so that a
     prompt extending one of them, a multi-turn episode's next turn, prefills only the new tokens,
