@@ -6,8 +6,9 @@
 #   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
 # Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
-# PARTS (tests decode mix warm merge profile train: which parts to run, in that order), RUNS (timed runs, 3),
-# TESTS_TIMEOUT (seconds for the CUDA tests, 600).
+# PARTS (tests decode mix warm merge profile train ref: which parts to run, in that order), RUNS (timed
+# runs, 3), TESTS_TIMEOUT (seconds for the CUDA tests, 600), TOKENS_15B (the 1.5B train run's update
+# budget), BASELINE_ENGINE (the folder holding the baseline's engine_fsdp/src and engine_kit/src).
 set -uo pipefail
 results=${RESULTS:-/tmp/decode-h200}
 baseline=${BASELINE:-.baseline/plugins/rollout_hf/src}
@@ -48,15 +49,31 @@ for part in ${PARTS:-tests decode mix warm}; do
             --max-new-tokens 256 --runs 1 --label current-warm-cache --hf "$opt_in" \
             --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model" |
             tee "$results/warm.log" ;;
-    train)  # polyrl train at the three shapes (STEPS=3), then the 0.5B shape again: a warm start
-        for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512" "qwen2.5-1.5b 64 512" \
-            "qwen2-0.5b 32 256"; do
+    train)  # polyrl train at the three shapes (STEPS=3), then the 0.5B shape again: a warm start.
+        # The 1.5B shape's update budget is TOKENS_15B (16384; its activations at 16k outgrow an
+        # 80 GB card beside the rest of the step: 8192 there); every run's metrics go to train.jsonl.
+        run=0
+        for shape_rows in "qwen2-0.5b 32 256 16384" "qwen2-0.5b 64 512 16384" \
+            "qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}" "qwen2-0.5b 32 256 16384"; do
             set -- $shape_rows
+            run=$((run + 1))
             EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
-            OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 STEPS=${STEPS:-3} \
-                bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights" | tail -25
-            python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3: first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's')"
+            OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 TOKENS=$4 STEPS=${STEPS:-3} \
+                bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights\|liger_kernel.ops.backends" | tail -25
+            python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3 (tokens $4): first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's'); f=open('$results/train.jsonl','a'); [f.write(json.dumps({'run': $run, 'shape': '$1', 'rows': $2*8, 'response': $3, 'tokens': $4, 'metrics': x})+chr(10)) for x in r]"
         done 2>&1 | tee "$results/train.log" ;;
+    ref)  # the reference pass alone (bench_ref.py), 0.5B 512 x 512: the engine packages exported
+        # under .baseline (BASELINE_ENGINE), then the working tree's, at 16k and 64k tokens
+        for side in baseline current; do
+            source_arg=() budgets="16384 65536"
+            [ $side = baseline ] && budgets=16384 source_arg=(--source
+                "${BASELINE_ENGINE:-.baseline/plugins}/engine_fsdp/src"
+                "${BASELINE_ENGINE:-.baseline/plugins}/engine_kit/src")
+            # shellcheck disable=SC2086  # budgets is a list
+            python3 benchmarks/gpu/bench_ref.py --shape qwen2-0.5b --rows 512 --response-len 512 \
+                --max-tokens $budgets --runs "${RUNS:-3}" --label $side "${source_arg[@]}" \
+                --json "$results/ref.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
+        done 2>&1 | tee "$results/ref.log" ;;
     merge)  # engine_kwargs.hf.merge_projections (q/k/v and gate/up as one GEMM each): off, on
         for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512"; do
             set -- $shape_rows

@@ -49,6 +49,7 @@ from polyrl_engine_fsdp.lora import adapter_names, apply_lora, merge_stream, sav
 from polyrl_engine_fsdp.modeling import (
     StepGathering,
     accumulates_unsharded,
+    freeze_in_compute_dtype,
     reshard_all,
     shard_model,
 )
@@ -130,6 +131,7 @@ class FSDPEngine(LogProbMethods, TrainingEngine):
         self.sequence_parallel = sequence_parallel_group(self.ulysses, self.device)
         if not self.trainable:
             model.requires_grad_(False)
+            freeze_in_compute_dtype(model, self.settings)
         # LoRA adapts the policy being trained; a critic or a frozen reference trains no adapters.
         lora = self.settings.lora if self.trainable else None
         self.lora = lora if self.head is ModelHead.CAUSAL_LM else None
@@ -228,11 +230,18 @@ class FSDPEngine(LogProbMethods, TrainingEngine):
         self, batch: Batch, forward: Callable[[Batch], tuple[torch.Tensor | None, ...]], count: int
     ) -> list[torch.Tensor]:
         """``count`` float32 ``[B, R]`` outputs of ``forward`` over the micro-batches, without
-        grad and in eval mode (an output ``forward`` returns as None stays zero)."""
+        grad and in eval mode (an output ``forward`` returns as None stays zero).
+
+        The outputs stay on the device until the last micro-batch and come back to the host
+        once: a copy back per micro-batch would make the host wait for each one before
+        launching the next, leaving the device idle while the host prepares it."""
         check_batch(batch, "FSDP")
         groups, dummies = self._micro_batches(batch, training=False)
         rows, width = batch["responses"].shape
-        outputs = [torch.zeros((rows, width), dtype=torch.float32) for _ in range(count)]
+        outputs = [
+            torch.zeros((rows, width), dtype=torch.float32, device=self.device)
+            for _ in range(count)
+        ]
         was_training = self.model.training
         self.model.eval()
         try:
@@ -240,15 +249,16 @@ class FSDPEngine(LogProbMethods, TrainingEngine):
                 for group in groups:
                     index = torch.tensor(group, dtype=torch.long)
                     micro = batch.select_keys(MODEL_KEYS).select_rows(index)
+                    at = index.to(self.device, non_blocking=True)
                     for output, value in zip(outputs, forward(micro)):
                         if value is not None:
-                            output[index] = value.float().cpu()
+                            output[at] = value.float()
                 for _ in range(dummies):
                     self._dummy_pass(backward=None)
         finally:
             self.model.train(was_training)
             reshard_all(self.model)
-        return outputs
+        return [output.cpu() for output in outputs]
 
     def _scores(
         self, batch: Batch, temperature: float, calculate_entropy: bool, sum_pi_squared: bool

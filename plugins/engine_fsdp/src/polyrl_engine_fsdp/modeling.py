@@ -81,6 +81,20 @@ def precision_policy(settings: EngineSettings) -> MixedPrecisionPolicy | None:
     return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
 
 
+def freeze_in_compute_dtype(model: nn.Module, settings: EngineSettings) -> None:
+    """Keep a frozen model's parameters in :func:`compute_dtype` (no grad, nothing steps them).
+
+    Why: a master copy exists for the optimizer; a frozen model (the reference) has none, so
+    fp32 master weights would only cost twice the memory and a cast of every layer on each
+    forward's gather. The values are the same: FSDP2's mixed precision casts the same fp32
+    tensors to the same dtype each time, here once. Buffers (rotary frequencies) keep their
+    dtype, as under mixed precision. verl loads its reference in bf16 too."""
+    compute = compute_dtype(settings)
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != compute:
+            param.data = param.data.to(compute)
+
+
 def cast_buffers(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast the model's floating-point buffers to ``dtype`` (verl's ``buffer_dtype``): FSDP2
     casts parameters only, so buffers are converted once, before sharding."""

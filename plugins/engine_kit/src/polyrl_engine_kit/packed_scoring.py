@@ -21,7 +21,7 @@ import torch
 from polyrl.api import Batch
 from polyrl_engine_kit.fused_logprob import linear_scores
 from polyrl_engine_kit.logprob import EntropyMode, TokenScores, token_scores
-from polyrl_engine_kit.packing import PackedRows, pack_rows, unpack
+from polyrl_engine_kit.packing import PackedRows, pack_rows, to_device, unpack
 from polyrl_engine_kit.ulysses import SequenceParallel, gather_scores, shard_packed
 
 FUSED_METHOD = "polyrl_fused_log_probs"
@@ -100,10 +100,9 @@ def _pack(
 ) -> tuple[PackedRows, PackedRows, list[int] | None]:
     """The micro-batch's packed row, the part of it this rank feeds the model (its slice under
     sequence parallelism, else the row itself) and, with ``sp``, each rank's score count."""
-    packed = pack_rows(
-        batch["input_ids"].to(device),
-        batch["attention_mask"].to(device),
-        batch["responses"].shape[1],
+    packed = to_device(  # packed where the batch is (the host), then copied
+        pack_rows(batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]),
+        device,
     )
     if sp is None:
         return packed, packed, None

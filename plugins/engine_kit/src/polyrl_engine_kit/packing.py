@@ -14,7 +14,7 @@ back into the ``[b, R]`` layout afterwards (:func:`unpack`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -63,3 +63,19 @@ def unpack(scores: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     """Scores ``[M]`` of the real response tokens back to ``[b, R]``, zero on padding."""
     out = scores.new_zeros(packed.response_real.shape)
     return out.masked_scatter(packed.response_real, scores)
+
+
+def to_device(packed: PackedRows, device: torch.device) -> PackedRows:
+    """``packed`` with its tensors on ``device``, copied without waiting for the device.
+
+    Why: packing on the host and copying the result (``non_blocking``: a copy from pageable
+    host memory is staged at once, with no device synchronisation) leaves the host free to
+    launch the next micro-batch while the device still runs the last one; packing on the
+    device instead reads lengths and masks back (boolean indexing, the longest sequence),
+    which waits for every kernel queued before it."""
+    moved = {
+        f.name: getattr(packed, f.name).to(device, non_blocking=True)
+        for f in fields(packed)
+        if isinstance(getattr(packed, f.name), torch.Tensor)
+    }
+    return replace(packed, **moved)
