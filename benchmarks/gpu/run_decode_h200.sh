@@ -49,12 +49,12 @@ for part in ${PARTS:-tests decode mix warm}; do
             --max-new-tokens 256 --runs 1 --label current-warm-cache --hf "$opt_in" \
             --json "$results/decode.jsonl" 2>&1 | grep -v "Loading weights\|Writing model" |
             tee "$results/warm.log" ;;
-    train)  # polyrl train at the three shapes (STEPS=3), then the 0.5B shape again: a warm start.
+    train)  # polyrl train at the 0.5B shapes (STEPS=3), the first again (a warm start), then 1.5B.
         # The 1.5B shape's update budget is TOKENS_15B (16384; its activations at 16k outgrow an
         # 80 GB card beside the rest of the step: 8192 there); every run's metrics go to train.jsonl.
         run=0
         for shape_rows in "qwen2-0.5b 32 256 16384" "qwen2-0.5b 64 512 16384" \
-            "qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}" "qwen2-0.5b 32 256 16384"; do
+            "qwen2-0.5b 32 256 16384" "qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}"; do
             set -- $shape_rows
             run=$((run + 1))
             EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
