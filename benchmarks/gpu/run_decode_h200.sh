@@ -51,14 +51,15 @@ for part in ${PARTS:-tests decode mix warm}; do
             tee "$results/warm.log" ;;
     train)  # polyrl train at the 0.5B shapes (STEPS=3), the first again (a warm start), then 1.5B.
         # The 1.5B shape's update budget is TOKENS_15B (16384; its activations at 16k outgrow an
-        # 80 GB card beside the rest of the step: 8192 there); every run's metrics go to train.jsonl.
+        # 80 GB card beside the rest of the step: 8192 there; the no-grad passes keep 16384);
+        # every run's metrics go to train.jsonl.
         run=0
         for shape_rows in "qwen2-0.5b 32 256 16384" "qwen2-0.5b 64 512 16384" \
             "qwen2-0.5b 32 256 16384" "qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}"; do
             set -- $shape_rows
             run=$((run + 1))
             EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
-            OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 TOKENS=$4 STEPS=${STEPS:-3} \
+            OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 TOKENS=$4 LOGPROB_TOKENS=16384 STEPS=${STEPS:-3} \
                 bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights\|liger_kernel.ops.backends" | tail -25
             python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3 (tokens $4): first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's'); f=open('$results/train.jsonl','a'); [f.write(json.dumps({'run': $run, 'shape': '$1', 'rows': $2*8, 'response': $3, 'tokens': $4, 'metrics': x})+chr(10)) for x in r]"
         done 2>&1 | tee "$results/train.log" ;;

@@ -7,7 +7,8 @@
 # recipe=tiny supplies the task and the GRPO settings; it keeps its toy model's layers eager, so
 # the compiled layers (the CUDA default elsewhere) are asked for here.
 # Environment: SHAPE (qwen2-0.5b), STEPS (6), TOKENS (the update's token budget per micro-batch
-# and GPU, 16384), PROMPTS (32 per step, 8 samples each), RESPONSE (256 new tokens at most),
+# and GPU, 16384), LOGPROB_TOKENS (the same for the no-grad log-prob passes, old and reference;
+# TOKENS), PROMPTS (32 per step, 8 samples each), RESPONSE (256 new tokens at most),
 # TAG (a suffix of the run folder), EXTRA (more overrides, space-separated).
 set -euo pipefail
 shape=${SHAPE:-qwen2-0.5b}
@@ -15,6 +16,7 @@ model=${MODEL:-/tmp/$shape-random}
 out_root=${OUT:-/tmp/polyrl-gpu}
 steps=${STEPS:-6}
 tokens=${TOKENS:-16384}
+logprob_tokens=${LOGPROB_TOKENS:-$tokens}
 prompts=${PROMPTS:-32}
 response=${RESPONSE:-256}
 [ -f "$model/config.json" ] || python3 benchmarks/gpu/make_random_model.py "$model" --shape "$shape"
@@ -32,7 +34,7 @@ for gpus in "${@:-1}"; do
         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 \
         actor_rollout_ref.actor.use_dynamic_bsz=true \
         actor_rollout_ref.actor.ppo_max_token_len_per_gpu="$tokens" \
-        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$tokens" \
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$logprob_tokens" \
         actor_rollout_ref.rollout.dtype=bfloat16 \
         actor_rollout_ref.rollout.n=8 \
         actor_rollout_ref.rollout.micro_batch_size=$((prompts * 8)) \
