@@ -108,7 +108,7 @@ class FakeCluster:
 def _joined(monkeypatch, cluster: FakeCluster, growth_s: float) -> None:
     monkeypatch.setattr(worker_group, "_joined_address", "127.0.0.1:6379")
     monkeypatch.setattr(worker_group, "_started_local_cluster", False)
-    monkeypatch.setattr(worker_group, "JOINED_CLUSTER_GROWTH_S", growth_s)
+    monkeypatch.setattr(worker_group, "_joined_growth_s", growth_s)
     monkeypatch.setattr(worker_group.ray, "cluster_resources", cluster)
 
 
