@@ -75,10 +75,14 @@ class Run:
         self.seen.update((p.pid, p) for p in found)
         return found
 
-    def wait_for(self, what: str, found: Callable[[], object], timeout: float = 300) -> object:
-        """Poll ``found`` every 2 ms until it returns something truthy (the run must be alive)."""
+    def wait_for(
+        self, what: str, found: Callable[[], object], timeout: float = 300, every_s: float = 0.02
+    ) -> object:
+        """Poll ``found`` every ``every_s`` until it returns something truthy (the run must be
+        alive). Short windows (a save of the tiny model) need a few milliseconds; longer ones
+        poll less, so that the waiting takes no CPU from the run it waits for."""
         deadline = time.monotonic() + timeout
-        polls = 0
+        next_scan = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             result = found()
             if result:
@@ -86,10 +90,10 @@ class Run:
             assert self.proc.poll() is None, (
                 f"the run ended before {what}:\n{self.output()[-3000:]}"
             )
-            polls += 1
-            if polls % 500 == 0:
+            if time.monotonic() > next_scan:
                 self.processes()  # keep the list of the run's processes current
-            time.sleep(0.002)
+                next_scan = time.monotonic() + 1.0
+            time.sleep(every_s)
         raise AssertionError(f"no {what} within {timeout} s:\n{self.output()[-3000:]}")
 
     def kill_9(self) -> None:
@@ -321,7 +325,7 @@ def test_a_run_killed_mid_save_then_losing_a_worker_mid_step_resumes_each_time_a
     first = Run(out, tmp_path / "first.log", "trainer.total_training_steps=100")
     runs.append(first)
     first.wait_for("checkpoint 1", lambda: 1 in complete_steps(out))
-    first.wait_for("the save of step 2", lambda: staging_folders(out, 2))
+    first.wait_for("the save of step 2", lambda: staging_folders(out, 2), every_s=0.002)
     first.kill_9()
     assert first.leftovers() == [], "processes left after kill -9 of the run"
     assert check_checkpoints() == [1]

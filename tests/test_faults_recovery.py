@@ -91,7 +91,7 @@ def _kill_one_then_wait(
             assert proc.poll() is None, log.read_text()[-4000:]
             found = pick()
             victim = found[0] if found else None
-            time.sleep(0.002)
+            time.sleep(0.01)  # a step and a worker's start take seconds
         assert victim is not None, f"no worker to kill:\n{log.read_text()[-3000:]}"
         victim.kill()
         return proc.wait(timeout=240)
