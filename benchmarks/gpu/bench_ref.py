@@ -115,7 +115,11 @@ def main() -> None:
 
     model_dir = os.path.join(args.cache, args.shape)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        build_random_model(model_dir, args.shape, tokenizer_from=None, dtype="bfloat16")
+        build_random_model(
+            model_dir, args.shape, tokenizer_from=None, dtype="bfloat16", device=args.device
+        )
+        if args.device == "cuda":
+            torch.cuda.empty_cache()  # the measuring process gets the whole GPU
     backend = "nccl" if args.device == "cuda" else "gloo"
     for tokens in args.max_tokens:
         (r,) = run_on_ranks(_measure, 1, args, model_dir, tokens, backend=backend, timeout_s=900)

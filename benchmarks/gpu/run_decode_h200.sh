@@ -64,10 +64,11 @@ for part in ${PARTS:-tests decode mix warm}; do
             python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3 (tokens $4): first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's'); f=open('$results/train.jsonl','a'); [f.write(json.dumps({'run': $run, 'shape': '$1', 'rows': $2*8, 'response': $3, 'tokens': $4, 'metrics': x})+chr(10)) for x in r]"
         done 2>&1 | tee "$results/train.log" ;;
     ref)  # the reference pass alone (bench_ref.py), 0.5B 512 x 512: the engine packages exported
-        # under .baseline (BASELINE_ENGINE), then the working tree's, at 16k and 64k tokens
+        # under .baseline (BASELINE_ENGINE) at the first of REF_BUDGETS (16384 65536), then the
+        # working tree's at each
         for side in baseline current; do
-            source_arg=() budgets="16384 65536"
-            [ $side = baseline ] && budgets=16384 source_arg=(--source
+            source_arg=() budgets=${REF_BUDGETS:-16384 65536}
+            [ $side = baseline ] && budgets=${budgets%% *} source_arg=(--source
                 "${BASELINE_ENGINE:-.baseline/plugins}/engine_fsdp/src"
                 "${BASELINE_ENGINE:-.baseline/plugins}/engine_kit/src")
             # shellcheck disable=SC2086  # budgets is a list
