@@ -36,8 +36,18 @@ def test_a_signal_inside_is_handled_on_leaving(sigterm_raises_stopped) -> None:
     assert signal.getsignal(signal.SIGTERM) is _stop  # the handler is back
 
 
-def test_ctrl_c_inside_becomes_keyboard_interrupt_on_leaving() -> None:
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+@pytest.fixture
+def ctrl_c_raises_keyboard_interrupt():
+    """Python's own SIGINT handler: a suite started in the background (``nohup make test &``)
+    inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_inside_becomes_keyboard_interrupt_on_leaving(
+    ctrl_c_raises_keyboard_interrupt,
+) -> None:
     with pytest.raises(KeyboardInterrupt), stop_signals_deferred():
         os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
