@@ -7,6 +7,8 @@ smaller tokenizer; tied embeddings by default, like small Qwen2 / SmolLM2.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -52,6 +54,15 @@ def build_tiny_model(path: str, tie: bool = True, seed: int = 0) -> str:
                 param.normal_(0.0, 0.08)
     model.save_pretrained(path)
     return path
+
+
+def scenario_on_one_rank(factory: Any, scenario: Callable[..., dict]) -> dict:
+    """What ``scenario(rank, world, path)`` returns on one gloo rank, over a tied tiny model
+    built in a new folder of ``factory`` (pytest's ``tmp_path_factory``)."""
+    from polyrl_engine_kit.launch import run_on_ranks
+
+    path = build_tiny_model(str(factory.mktemp("tiny") / "tied"), tie=True, seed=0)
+    return run_on_ranks(scenario, 1, path, timeout_s=240)[0]
 
 
 def make_batch(

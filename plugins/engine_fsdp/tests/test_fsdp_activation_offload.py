@@ -12,7 +12,6 @@ from test_fsdp_engine import _full_batch, mean_logprob_loss
 
 from polyrl.api import load_config
 from polyrl.config.validate import validate_config
-from polyrl_engine_kit.launch import run_on_ranks
 
 
 def _step(path: str, offload: bool, checkpointing: bool) -> tuple[dict, dict]:
@@ -71,10 +70,9 @@ def _scenario(rank: int, world: int, path: str) -> dict:
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from fsdp_tiny_model import build_tiny_model
+    from fsdp_tiny_model import scenario_on_one_rank
 
-    path = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "tied"), tie=True, seed=0)
-    return run_on_ranks(_scenario, 1, path, timeout_s=240)[0]
+    return scenario_on_one_rank(tmp_path_factory, _scenario)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

@@ -12,7 +12,6 @@ import torch
 from test_fsdp_engine import _ctx, _full_batch
 
 from polyrl.api import EngineContext
-from polyrl_engine_kit.launch import run_on_ranks
 
 
 def _mixed_ctx(rank: int, world: int, path: str, role: str) -> EngineContext:
@@ -44,10 +43,9 @@ def _scenario(rank: int, world: int, path: str) -> dict:
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from fsdp_tiny_model import build_tiny_model
+    from fsdp_tiny_model import scenario_on_one_rank
 
-    path = build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "tied"), tie=True, seed=0)
-    return run_on_ranks(_scenario, 1, path, timeout_s=240)[0]
+    return scenario_on_one_rank(tmp_path_factory, _scenario)
 
 
 def test_reference_holds_compute_dtype_weights(result: dict) -> None:
