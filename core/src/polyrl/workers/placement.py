@@ -349,7 +349,7 @@ def _ray_groups(
     from polyrl.workers.worker import Worker
     from polyrl.workers.worker_group import WorkerGroup, ensure_ray
 
-    ensure_ray()
+    ensure_ray(joined_growth_s=float(getattr(cfg.trainer, "joined_cluster_growth_s", 30.0)))
     device = str(cfg.trainer.device)
     total = sum(pool.size for pool in pools.values())
     available = float(ray.available_resources().get("CPU", 0.0))
