@@ -70,7 +70,7 @@ PARAMS = [
     SamplingParams(n=3, max_new_tokens=12, greedy=True),
     SamplingParams(n=4, max_new_tokens=16, seed=3),
     SamplingParams(n=2, max_new_tokens=16, seed=5, temperature=0.7, top_k=20, top_p=0.9),
-    SamplingParams(n=4, max_new_tokens=8, seed=3, stop_token_ids=list(range(100, 448))),
+    SamplingParams(n=4, max_new_tokens=8, seed=3, stop_token_ids=list(range(100, 140))),
     SamplingParams(n=1, max_new_tokens=1, seed=2),
 ]
 
@@ -184,6 +184,56 @@ def test_merged_projections_sample_what_the_separate_ones_sample(dirs, prompts, 
     first.self_attn.k_proj.weight = torch.nn.Parameter(first.self_attn.k_proj.weight.clone())
     assert layer_weights(first, step.merged[0]).qkv is None
     assert layer_weights(first, step.merged[0]).gate_up is not None
+
+
+def test_compiled_functions_trace_each_row_count_in_one_graph(dirs, prompts, monkeypatch):
+    """The fused step's per-layer functions and the sampling function are traced with a
+    symbolic row count at their first call: the continuous slots (12 rows admitted into 16
+    slots, then the 16-row and 8-row decoders of the ladder) and the stop-token variant share
+    one graph per function, where a first trace with static rows traced each again for the
+    second size. dynamo's own capture is counted (a backend that runs the captured graph), so
+    no Inductor compile runs on CPU."""
+    from collections import Counter
+
+    from polyrl_rollout_hf import sampling
+
+    graphs: Counter[str] = Counter()
+    rows_seen: dict[str, set[int]] = {}
+    real_compile = torch.compile
+
+    def counting_compile(fn, **kwargs):
+        def backend(graph, example_inputs):
+            graphs[fn.__name__] += 1
+            return graph.forward
+
+        def run(*args, **kw):
+            rows_seen.setdefault(fn.__name__, set()).add(args[0].shape[0])
+            return compiled(*args, **kw)
+
+        compiled = real_compile(fn, fullgraph=kwargs.get("fullgraph", False), backend=backend)
+        return run
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    monkeypatch.setattr(sampling, "_COMPILED", {})
+    try:
+        engine = make_engine(
+            dirs["gqa"], static="true", continuous="true", compile="true", micro_batch_size=16
+        )
+        engine.generate(
+            prompts,
+            SamplingParams(n=4, max_new_tokens=24, seed=3, stop_token_ids=list(range(100, 140))),
+        )
+    finally:
+        torch._dynamo.reset()
+    assert rows_seen["before_attention"] >= {16, 8}, rows_seen  # both decoders of the ladder
+    assert rows_seen["_pick_untruncated"] >= {12, 16, 8}, rows_seen
+    assert graphs == {
+        "before_attention": 1,
+        "after_attention": 1,
+        "final_logits": 1,
+        "_pick_untruncated": 1,
+    }
 
 
 def test_fused_step_only_where_it_applies(dirs):

@@ -56,6 +56,7 @@ def continue_prefill(
     cos, sin = body.rotary_emb(embedded, positions)  # [rows, T, D]
     x = embedded.reshape(rows * new, -1)
     cos, sin = cos.reshape(rows * new, 1, -1), sin.reshape(rows * new, 1, -1)
+    step.rows_dynamic(x, cos, sin)
     kv_heads, width, head_dim = caches[0][0].shape[1], mask.shape[1], caches[0][0].shape[3]
     groups = body.config.num_attention_heads // kv_heads
     sees = attention_mask(mask, new, groups)
@@ -75,6 +76,9 @@ def continue_prefill(
             scale=step.scaling,
         )
         attention = attention.view(rows, kv_heads, groups, new, head_dim).permute(0, 3, 1, 2, 4)
-        x = step.after(x, attention.reshape(rows * new, -1), w, eps)
+        attention = attention.reshape(rows * new, -1)
+        step.rows_dynamic(attention)
+        x = step.after(x, attention, w, eps)
     last = x.view(rows, new, -1)[:, -1].contiguous()  # the decode step's layout: no new graph
+    step.rows_dynamic(last)
     return step.head(last, body.norm.weight, step.model.lm_head.weight, step.eps)

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from polyrl_rollout_hf.compiled_shapes import rows_dynamic
+
 # model_type values whose decoder layers are exactly the block below (no extra norms, scaled
 # embeddings, soft caps or sliding windows): transformers' Qwen2, Llama and Mistral classes.
 LLAMA_FAMILY = ("qwen2", "llama", "mistral")
@@ -258,10 +260,11 @@ def merge_projections(model: torch.nn.Module) -> list[tuple[Merged | None, Merge
 class FusedDecodeStep:
     """The decode step of one Llama-family model over caller-owned static KV tensors.
 
-    ``compile`` runs the per-layer functions through ``torch.compile`` (Inductor) on first use;
-    the graphs are shared by every layer and, after one recompile with a dynamic row count, by
-    every decoder shape. Weights are read from the model's modules at each call: an in-place
-    update reaches the next step (and a CUDA graph captured over it) without any copy.
+    ``compile`` runs the per-layer functions through ``torch.compile`` (Inductor) on first use,
+    traced with a symbolic row count (:mod:`~polyrl_rollout_hf.compiled_shapes`): the graphs are
+    shared by every layer and every decoder shape. Weights are read from the model's modules at
+    each call: an in-place update reaches the next step (and a CUDA graph captured over it)
+    without any copy.
     """
 
     def __init__(self, model: torch.nn.Module, *, compile: bool, merge: bool = False):
@@ -279,6 +282,7 @@ class FusedDecodeStep:
         self.before: Callable[..., Any] = before_attention
         self.after: Callable[..., Any] = after_attention
         self.head: Callable[..., Any] = final_logits
+        self.compiled = bool(compile)
         if compile:
             # Round intermediates to the model's dtype where the eager operations do (Inductor
             # otherwise keeps them in float32), so fused bfloat16 results stay close to eager.
@@ -306,6 +310,7 @@ class FusedDecodeStep:
         x = self.body.embed_tokens(input_ids)  # [rows, 1, hidden]
         cos, sin = self.body.rotary_emb(x, position_ids)  # [rows, 1, D]
         x = x.squeeze(1)
+        self.rows_dynamic(x, cos, sin)
         layers = zip(self.body.layers, self.layer_eps, caches, self.merged, strict=True)
         for layer, eps, (keys, values), merged in layers:
             w = layer_weights(layer, merged)  # read each call: a replaced parameter is seen at once
@@ -316,5 +321,14 @@ class FusedDecodeStep:
             attention = F.scaled_dot_product_attention(
                 q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=self.scaling
             )
-            x = self.after(x, attention.reshape(x.shape[0], -1), w, eps)
+            attention = attention.reshape(x.shape[0], -1)
+            self.rows_dynamic(attention)
+            x = self.after(x, attention, w, eps)
+        self.rows_dynamic(x)
         return self.head(x, self.body.norm.weight, self.model.lm_head.weight, self.eps).unsqueeze(1)
+
+    def rows_dynamic(self, *tensors: torch.Tensor) -> None:
+        """:func:`~polyrl_rollout_hf.compiled_shapes.rows_dynamic` where the functions are
+        compiled."""
+        if self.compiled:
+            rows_dynamic(*tensors)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from polyrl_rollout_hf.compiled_shapes import rows_dynamic
+
 
 def is_greedy(greedy: bool, temperature: float) -> bool:
     """Greedy when asked for, or when the temperature is 0 (verl's convention for validation)."""
@@ -134,7 +136,8 @@ def pick_tokens(
 
     ``compiled``: run the untruncated cases through ``torch.compile`` (same draws and tokens up
     to the rounding of the fused softmax; for CUDA, where each eager pass over the
-    vocabulary-wide tensors costs a kernel launch and a round trip through memory).
+    vocabulary-wide tensors costs a kernel launch and a round trip through memory), traced with
+    a symbolic row count (:mod:`~polyrl_rollout_hf.compiled_shapes`).
     """
     vocab = logits.shape[-1]
     truncated = 0 < top_k < vocab or top_p < 1.0
@@ -144,7 +147,10 @@ def pick_tokens(
             clocks = torch.empty(
                 logits.shape, dtype=torch.float32, device=logits.device
             ).exponential_(generator=generator)
-        pick = _compiled_pick() if compiled else _pick_untruncated
+        pick = _pick_untruncated
+        if compiled:
+            pick = _compiled_pick()
+            rows_dynamic(logits, *([] if clocks is None else [clocks]))
         return pick(logits, clocks, float(temperature))
     scaled = logits.float() / temperature
     log_probs = torch.log_softmax(scaled, dim=-1)
