@@ -61,7 +61,7 @@ for part in ${PARTS:-tests decode mix warm}; do
             EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
             OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 TOKENS=$4 LOGPROB_TOKENS=16384 STEPS=${STEPS:-3} \
                 bash benchmarks/gpu/run_h200.sh 1 2>&1 | grep -v "Loading weights\|liger_kernel.ops.backends" | tail -25
-            python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3 (tokens $4): first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's'); f=open('$results/train.jsonl','a'); [f.write(json.dumps({'run': $run, 'shape': '$1', 'rows': $2*8, 'response': $3, 'tokens': $4, 'metrics': x})+chr(10)) for x in r]"
+            python3 -c "import json,sys; r=[json.loads(l) for l in open('/tmp/polyrl-gpu/h200_$1_1gpu/metrics.jsonl')]; print('$1 $2x8 x $3 (tokens $4): first step', round(r[0]['timing_s/step'],1), 's, gen', [round(x['timing_s/gen'],2) for x in r], 's; first step less the last, by phase:', {k[9:]: round(r[0][k]-r[-1][k],2) for k in r[0] if k.startswith('timing_s/')}, 'probe s', round(r[0].get('weight_sync/probe_seconds',0),2)); f=open('$results/train.jsonl','a'); [f.write(json.dumps({'run': $run, 'shape': '$1', 'rows': $2*8, 'response': $3, 'tokens': $4, 'metrics': x})+chr(10)) for x in r]"
         done 2>&1 | tee "$results/train.log" ;;
     ref)  # the reference pass alone (bench_ref.py), 0.5B 512 x 512: the engine packages exported
         # under .baseline (BASELINE_ENGINE) at the first of REF_BUDGETS (16384 65536), then the
