@@ -70,7 +70,7 @@ PARAMS = [
     SamplingParams(n=3, max_new_tokens=12, greedy=True),
     SamplingParams(n=4, max_new_tokens=16, seed=3),
     SamplingParams(n=2, max_new_tokens=16, seed=5, temperature=0.7, top_k=20, top_p=0.9),
-    SamplingParams(n=4, max_new_tokens=8, seed=3, stop_token_ids=list(range(100, 140))),
+    SamplingParams(n=4, max_new_tokens=8, seed=3, stop_token_ids=list(range(100, 448))),
     SamplingParams(n=1, max_new_tokens=1, seed=2),
 ]
 
@@ -189,10 +189,10 @@ def test_merged_projections_sample_what_the_separate_ones_sample(dirs, prompts, 
 def test_compiled_functions_trace_each_row_count_in_one_graph(dirs, prompts, monkeypatch):
     """The fused step's per-layer functions and the sampling function are traced with a
     symbolic row count at their first call: the continuous slots (12 rows admitted into 16
-    slots, then the 16-row and 8-row decoders of the ladder) and the stop-token variant share
-    one graph per function, where a first trace with static rows traced each again for the
-    second size. dynamo's own capture is counted (a backend that runs the captured graph), so
-    no Inductor compile runs on CPU."""
+    slots, then the 16-row and 8-row decoders of the ladder, stop tokens ending rows early so
+    that the ladder shrinks) share one graph per function, where a first trace with static rows
+    traced each again for the second size. dynamo's own capture is counted (a backend that runs
+    the captured graph), so no Inductor compile runs on CPU."""
     from collections import Counter
 
     from polyrl_rollout_hf import sampling
