@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 
 PROBE_SEED = 20240611  # any fixed seed: the probe must not depend on the run's random state
 PROBE_PROMPT_LENGTH = 8
+#: Probe rows per data-parallel rank of the rollout. Two, not one: the probe is often a rollout
+#: engine's first call, and a compiler traces a single row as a constant size (torch's dynamo
+#: keeps sizes 0 and 1 specialised), so a one-row probe would leave the run's real batches a
+#: second trace of every compiled function to pay in the first step.
+PROBE_ROWS_PER_RANK = 2
 _SYNC_KEY = "actor_rollout_ref.rollout.weight_sync"
 
 
@@ -218,7 +223,7 @@ class WeightSync:
         from polyrl.batch import Batch
         from polyrl.interfaces import SamplingParams
 
-        rows = workers.dp_size(target)
+        rows = PROBE_ROWS_PER_RANK * workers.dp_size(target)
         ids = torch.tensor([probe_prompt(self.settings.special_ids)] * rows)
         params = SamplingParams(
             n=1,
