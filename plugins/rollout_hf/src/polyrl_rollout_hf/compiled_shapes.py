@@ -2,7 +2,7 @@
 
 Why: the decode step's per-layer functions and the sampling function are called with many row
 counts in one run: the decode ladder's 256, 128, ... 8 slots, a continuous batch's refills, the
-weight-sync probe's single row. dynamo traces a function with the sizes of its first call and,
+weight-sync probe's few rows. dynamo traces a function with the sizes of its first call and,
 when a later call has other sizes, traces it again with those dimensions symbolic. That second
 trace is work in the first step of every run (a full compile when cold, still a trace and a
 cache load when warm). Marking the row dimension at the first call makes the first trace the
