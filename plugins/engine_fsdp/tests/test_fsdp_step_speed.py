@@ -160,7 +160,9 @@ def _compiled_engine_run(
     compiled layer."""
     from torch._dynamo.backends.debugging import aot_eager
 
-    from polyrl_engine_kit import fast_paths
+    from polyrl_engine_kit import compiling, fast_paths
+
+    compiling.EAGER_NO_GRAD_TOKENS = 0  # the tiny batches' no-grad forwards compiled too
 
     graphs: list[int] = []
     checkpoints: list[str] = []

@@ -19,6 +19,14 @@ compiled one that saved the activations, and the backward failed on an H200 ("ea
 set"). Such a layer must trace into one graph (``fullgraph``); where it cannot, it runs eagerly,
 checkpointed the same way.
 
+What keeps the first step short (most of it is compiling, even with Inductor's artefacts cached
+on disk): floats are traced as constants (``dynamic=True`` would otherwise make a layer's norm
+epsilon a symbol, which Inductor cannot keep, and dynamo restarts the whole trace once it finds
+out); Inductor's mixed-order reductions of the backward are fused whatever the token count (by
+default a size test becomes a guard, and the first micro-batch under it compiles the layer a
+second time); and a no-grad forward of a few tokens (the weight sync's probe) runs eagerly rather
+than compiling a no-grad graph that a short run may never use again.
+
 A compiler failure (no toolchain, an op it cannot trace) is logged once and the eager function
 runs from then on; an out-of-memory error is the batch's, and is raised.
 """
@@ -34,6 +42,9 @@ import torch
 import torch.utils.checkpoint
 
 log = logging.getLogger(__name__)
+
+#: No-grad layer forwards over fewer tokens than this run eagerly (see the module's docstring).
+EAGER_NO_GRAD_TOKENS = 1024
 
 
 def compile_or_eager(
@@ -51,13 +62,18 @@ def compile_or_eager(
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if not state["broken"] and (on is None or on(*args)):
+        if not state["broken"] and (on is None or on(*args, **kwargs)):
             try:
                 if state["compiled"] is None:  # lazily: importing dynamo takes seconds
                     state["compiled"] = torch.compile(
-                        fn, dynamic=True, backend=backend, fullgraph=fullgraph
+                        fn,
+                        dynamic=True,
+                        backend=backend,
+                        fullgraph=fullgraph,
+                        options=_inductor_options() if backend == "inductor" else None,
                     )
-                return state["compiled"](*args, **kwargs)
+                with torch._dynamo.config.patch(specialize_float=True):
+                    return state["compiled"](*args, **kwargs)
             except torch.OutOfMemoryError:
                 raise  # a real failure of this batch, not of the compiler
             except Exception as error:  # noqa: BLE001 - any compiler failure: run eagerly
@@ -68,10 +84,25 @@ def compile_or_eager(
     return run
 
 
+def _inductor_options() -> dict[str, Any]:
+    """Mixed-order reductions fused at any size, where this torch has the switch."""
+    import torch._inductor.config as inductor
+
+    if hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
+        return {"triton.mix_order_reduction_non_strict_mode": True}
+    return {}
+
+
 def compiled_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
     """:func:`compile_or_eager` for functions whose first argument is a tensor: compiled when
     it is on CUDA."""
-    return compile_or_eager(fn, fn.__name__, on=lambda first, *_: first.is_cuda)
+    return compile_or_eager(fn, fn.__name__, on=lambda first, *_, **__: first.is_cuda)
+
+
+def worth_compiling(hidden_states: torch.Tensor, *_: Any, **__: Any) -> bool:
+    """Whether a decoder layer's call goes through its compiled graph: always under autograd,
+    and without it from :data:`EAGER_NO_GRAD_TOKENS` tokens on."""
+    return torch.is_grad_enabled() or hidden_states.shape[:-1].numel() >= EAGER_NO_GRAD_TOKENS
 
 
 def recomputed_in_backward(forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,4 +134,6 @@ def compile_decoder_layers(
     for layer in layers:
         name = f"decoder layer {type(layer).__name__}"
         forward = recomputed_in_backward(layer.forward) if checkpointed else layer.forward
-        layer.forward = compile_or_eager(forward, name, backend=backend, fullgraph=checkpointed)
+        layer.forward = compile_or_eager(
+            forward, name, backend=backend, on=worth_compiling, fullgraph=checkpointed
+        )
