@@ -1,14 +1,18 @@
-"""Helpers of the tests that install a docs page's example plugin package with pip and run
-``polyrl`` with it, as a user who copied the page would."""
+"""Helpers of the tests that install plugin packages with pip (a docs page's example, as a user
+who copied the page would, or tests/fixtures' packages) and run ``polyrl`` with them: in a fresh
+interpreter (``polyrl``) or in the test's own process (``polyrl_here``)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from polyrl.api.testing import run_polyrl_here
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,3 +47,36 @@ def polyrl(site: Path, *args: str, timeout: int = 120) -> subprocess.CompletedPr
         [sys.executable, "-m", "polyrl", *args],
         capture_output=True, text=True, env=env, timeout=timeout, check=False,
     )  # fmt: skip
+
+
+def polyrl_here(
+    site: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``polyrl <args>`` run in this process (:func:`run_polyrl_here`: no interpreter start, no
+    re-imports) seeing the installed packages as :func:`polyrl` does on ``PYTHONPATH``: ``site``
+    first on ``sys.path``, where entry points are read from, the process registry discovered
+    anew, no ``POLYRL_*`` variable but ``env``'s. Not for the packages whose import blocks
+    (its thread would stay behind) and not for runs that start Ray.
+
+    Afterwards nothing of the packages is left for the next test of this process: ``sys.path``,
+    the environment and the registry are put back, and the modules imported from ``site`` are
+    forgotten."""
+    from polyrl import registry
+
+    ours = {Path(e.name).stem for e in site.iterdir() if not e.name.endswith(".dist-info")}
+    saved_path, saved_env, saved_registry = list(sys.path), dict(os.environ), registry._registry
+    for name in [k for k in os.environ if k.startswith("POLYRL_")]:
+        del os.environ[name]
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    registry.set_registry(None)
+    try:
+        return run_polyrl_here(*args, env=env)
+    finally:
+        registry.set_registry(saved_registry)
+        sys.path[:] = saved_path
+        sys.path_importer_cache.pop(str(site), None)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for module in [m for m in sys.modules if m.partition(".")[0] in ours]:
+            del sys.modules[module]
