@@ -1,7 +1,11 @@
-"""Plugins installed with pip are discovered through their entry points, in a fresh process.
+"""Plugins installed with pip are discovered through their entry points.
 
-The packages under tests/fixtures are pip-installed into a throwaway ``--target`` folder that is
-put on ``PYTHONPATH`` of ``python -m polyrl`` subprocesses; the environment itself is untouched.
+The packages under tests/fixtures are pip-installed into a throwaway ``--target`` folder; the
+environment itself is untouched. ``polyrl`` sees that folder as a user's ``PYTHONPATH`` shows it:
+a fresh ``python -m polyrl`` has it on ``PYTHONPATH`` (the table listing, a ``train``, and every
+run beside the packages whose import exits, interrupts or blocks), the other commands run in this
+process with the folder first on ``sys.path`` (:func:`plugin_packages.polyrl_here`: entry points
+are read from ``sys.path`` either way), which skips an interpreter start and polyrl's imports.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from plugin_packages import polyrl_here
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +64,7 @@ def polyrl(
 
 
 def rows(site: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
-    done = polyrl(site, "plugins", "--json", *args, env=env)
+    done = polyrl_here(site, "plugins", "--json", *args, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -102,17 +107,22 @@ def test_installed_plugin_is_listed_with_package_and_version(site: Path) -> None
     assert {r["kind"] for r in listed} <= {"advantage_estimator", None}
 
 
-def test_table_output_names_the_package(site: Path) -> None:
-    done = polyrl(site, "plugins")
-    assert done.returncode == 0, done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.startswith("fixture_sign "))
+@pytest.fixture(scope="module")
+def table(site: Path) -> subprocess.CompletedProcess:
+    """``polyrl plugins`` in a fresh interpreter, the packages on its ``PYTHONPATH``."""
+    return polyrl(site, "plugins")
+
+
+def test_table_output_names_the_package(table: subprocess.CompletedProcess) -> None:
+    assert table.returncode == 0, table.stderr
+    line = next(x for x in table.stdout.splitlines() if x.startswith("fixture_sign "))
     assert "polyrl-fixture-good" in line and "0.3.1" in line and " ok " in line
 
 
 def test_validate_accepts_the_plugin_by_name(site: Path, data_and_model: list[str]) -> None:
     args = ["algorithm.adv_estimator=fixture_sign", "actor_rollout_ref.rollout.n=1",
             "plugins.fixture_sign.scale=2.0", *data_and_model]  # fmt: skip
-    done = polyrl(site, "validate", *args)
+    done = polyrl_here(site, "validate", *args)
     assert "algorithm.adv_estimator" not in done.stderr, done.stderr
     assert "plugins.fixture_sign" not in done.stderr, done.stderr
     # exit 0 needs CPU engines too: take whichever the environment has installed
@@ -127,7 +137,7 @@ def test_validate_accepts_the_plugin_by_name(site: Path, data_and_model: list[st
         if not cpu:
             pytest.skip(f"no CPU {kind} installed: cannot check a fully valid config")
         engines[kind] = cpu[0]
-    done = polyrl(site, "validate", *args,
+    done = polyrl_here(site, "validate", *args,
                   f"actor_rollout_ref.actor.strategy={engines['training_engine']}",
                   f"actor_rollout_ref.rollout.name={engines['rollout_engine']}")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -137,8 +147,8 @@ def test_validate_accepts_the_plugin_by_name(site: Path, data_and_model: list[st
 def test_plugin_section_keys_are_checked_against_its_config_class(
     site: Path, data_and_model: list[str]
 ) -> None:
-    done = polyrl(site, "validate", "algorithm.adv_estimator=fixture_sign",
-                  "plugins.fixture_sign.scal=2.0", *data_and_model)  # fmt: skip
+    done = polyrl_here(site, "validate", "algorithm.adv_estimator=fixture_sign",
+                       "plugins.fixture_sign.scal=2.0", *data_and_model)  # fmt: skip
     assert done.returncode == 1
     assert "unknown key plugins.fixture_sign.scal" in done.stderr
     assert "Did you mean plugins.fixture_sign.scale?" in done.stderr
@@ -148,27 +158,28 @@ def test_a_step_whose_chain_misses_a_key_is_rejected_before_anything_starts(
     site: Path, data_and_model: list[str]
 ) -> None:
     """``fixture_needs_values`` reads ``values``, which no stage of the standard step provides:
-    validate and train both refuse, naming the stage and the key, without starting Ray."""
+    validate and train both refuse, naming the stage and the key, without starting Ray (the
+    train in a fresh interpreter, whose whole output would show Ray starting)."""
     args = ["algorithm.adv_estimator=fixture_needs_values", *data_and_model]
-    for command in ("validate", "train"):
-        done = polyrl(site, command, *args)
+    for done in (polyrl_here(site, "validate", *args), polyrl(site, "train", *args)):
         assert done.returncode == 1, done.stderr
         line = next(x for x in done.stderr.splitlines() if "'values'" in x)
         assert "stage 'adv' requires batch key 'values'" in line
         assert "Ray" not in done.stderr and "ray" not in done.stdout
 
 
-def test_broken_plugin_is_listed_with_its_error(site: Path) -> None:
+def test_broken_plugin_is_listed_with_its_error(
+    site: Path, table: subprocess.CompletedProcess
+) -> None:
     broken = [r for r in rows(site) if r["package"] == "polyrl-fixture-broken"]
     assert len(broken) == 1
     assert broken[0]["status"] == "broken" and broken[0]["version"] == "0.0.1"
     assert "No module named 'polyrl_fixture_missing_backend'" in broken[0]["error"]
-    done = polyrl(site, "plugins")
-    assert "fixture_broken from polyrl-fixture-broken 0.0.1: ModuleNotFoundError" in done.stdout
+    assert "fixture_broken from polyrl-fixture-broken 0.0.1: ModuleNotFoundError" in table.stdout
 
 
 def test_doctor_flags_the_broken_plugin(site: Path) -> None:
-    done = polyrl(site, "doctor")
+    done = polyrl_here(site, "doctor")
     assert done.returncode == 1, done.stdout + done.stderr
     bad = [line for line in done.stdout.splitlines() if line.startswith("BAD")]
     assert any("polyrl-fixture-broken" in line for line in bad), done.stdout
@@ -177,8 +188,8 @@ def test_doctor_flags_the_broken_plugin(site: Path) -> None:
 def test_selecting_a_name_of_the_broken_plugin_shows_its_error(
     site: Path, data_and_model: list[str]
 ) -> None:
-    done = polyrl(site, "validate", "algorithm.adv_estimator=fixture_broken_estimator",
-                  *data_and_model)  # fmt: skip
+    done = polyrl_here(site, "validate", "algorithm.adv_estimator=fixture_broken_estimator",
+                       *data_and_model)  # fmt: skip
     assert done.returncode == 1
     line = next(x for x in done.stderr.splitlines() if "algorithm.adv_estimator" in x)
     assert "unknown advantage_estimator 'fixture_broken_estimator'" in line
@@ -186,7 +197,7 @@ def test_selecting_a_name_of_the_broken_plugin_shows_its_error(
 
 
 def test_other_commands_work_beside_a_broken_plugin(site: Path) -> None:
-    done = polyrl(site, "config", "algorithm.adv_estimator=fixture_sign")
+    done = polyrl_here(site, "config", "algorithm.adv_estimator=fixture_sign")
     assert done.returncode == 0, done.stderr
     assert "adv_estimator: fixture_sign" in done.stdout
 
@@ -199,7 +210,7 @@ def test_two_packages_registering_one_name_are_both_named(
     assert all(r["status"] == "conflict" for r in dup)
     # the same entry-point name in two distributions must not hide either of them
     assert all(r["plugin"] == "fixture" for r in dup)
-    done = polyrl(site, "validate", "trainer.logger=[console,fixture_dup]", *data_and_model)
+    done = polyrl_here(site, "validate", "trainer.logger=[console,fixture_dup]", *data_and_model)
     assert done.returncode == 1
     line = next(x for x in done.stderr.splitlines() if "fixture_dup" in x)
     assert "polyrl-fixture-good 0.3.1" in line and "polyrl-fixture-clash 0.2.0" in line
