@@ -1,5 +1,8 @@
 """A third-party algorithm plugin, written from the docs alone, installed with pip and selected
-by name, adds a stage to the step of a real ``recipe=tiny`` run over Ray.
+by name, adds a stage to the step of a real ``recipe=tiny`` run. The run has one worker, in the
+test's process (``IN_PROCESS_OVERRIDES``, :func:`plugin_packages.polyrl_here`): the step's stages
+run in the driver, and workers get the driver's selections, never a registry of their own, so Ray
+would add nothing this test checks.
 
 The package is ``tests/fixtures/polyrl_algo_overlong``; the docs page "Writing an algorithm
 plugin" (docs/writing-plugins/algorithm.md) shows its files verbatim (checked here), so the
@@ -12,7 +15,9 @@ import json
 from pathlib import Path
 
 import pytest
-from plugin_packages import ROOT, doc_blocks, install_to_target, polyrl
+from plugin_packages import ROOT, doc_blocks, install_to_target, polyrl_here
+
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
 
 PACKAGE = ROOT / "tests" / "fixtures" / "polyrl_algo_overlong"
 FILES = (
@@ -35,7 +40,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_validate_shows_the_inserted_stage(site: Path) -> None:
-    done = polyrl(site, "validate", "recipe=tiny", "algorithm.name=grpo_overlong")
+    done = polyrl_here(site, "validate", "recipe=tiny", "algorithm.name=grpo_overlong")
     assert done.returncode == 0, done.stderr
     assert "overlong_penalty" in done.stdout + done.stderr
     # the run plan: the outside algorithm with its package, version and resolved settings
@@ -45,7 +50,7 @@ def test_validate_shows_the_inserted_stage(site: Path) -> None:
 
 
 def test_its_settings_are_checked_against_its_config_class(site: Path) -> None:
-    done = polyrl(
+    done = polyrl_here(
         site, "validate", "recipe=tiny", "algorithm.name=grpo_overlong",
         "plugins.grpo_overlong.bufer_len=2",
     )  # fmt: skip
@@ -56,12 +61,11 @@ def test_its_settings_are_checked_against_its_config_class(site: Path) -> None:
 @pytest.mark.slow
 def test_selected_by_name_its_stage_runs_in_a_real_training_run(site: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = polyrl(
-        site, "train", "recipe=tiny", "algorithm.name=grpo_overlong",
+    done = polyrl_here(
+        site, "train", "recipe=tiny", *IN_PROCESS_OVERRIDES, "algorithm.name=grpo_overlong",
         "plugins.grpo_overlong.buffer_len=8", f"trainer.default_local_dir={out}",
         "trainer.total_training_steps=2", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.export_hf_model=false",
-        timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
