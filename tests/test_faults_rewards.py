@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import ray
 
 from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
@@ -67,21 +66,29 @@ USER_FILES_THAT_END_OR_BLOCK = {
 
 @pytest.mark.parametrize("kind", sorted(USER_FILES_THAT_END_OR_BLOCK))
 def test_a_reward_file_that_exits_or_blocks_at_import_is_one_line_naming_it(
-    kind: str, tmp_path: Path
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A run over Ray (the default backend), stopped before Ray: ``ray.init`` is never called.
+    The run may share this process: polyrl imports the file in a process of its own, which is
+    what the file ends or blocks."""
     source, expected = USER_FILES_THAT_END_OR_BLOCK[kind]
     scorer = tmp_path / f"{kind}.py"
     scorer.write_text(source + "def compute_score(*args):\n    return 1.0\n")
+    ray_inits: list[dict] = []
+
+    def no_ray(**kwargs: object) -> None:
+        ray_inits.append(kwargs)
+        raise AssertionError("the run started or joined Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "polyrl", "train", "recipe=tiny",
-         f"trainer.default_local_dir={tmp_path / 'run'}", f"custom_reward_function.path={scorer}",
-         "custom_reward_function.load_timeout_s=3"],
-        capture_output=True, text=True, timeout=300, check=False,
+    done = run_polyrl_here(
+        "train", "recipe=tiny", f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"custom_reward_function.path={scorer}", "custom_reward_function.load_timeout_s=3",
     )  # fmt: skip
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: custom_reward_function.path='{scorer}'")
     assert expected in last
     assert time.monotonic() - start < 60
-    assert "Started a local Ray instance" not in done.stderr  # stopped before Ray
+    assert not ray_inits  # stopped before Ray
