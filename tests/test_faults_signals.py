@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM stop a run cleanly: one line, exit 130/143, no traceback, the run folder's
 lock released, and the last complete checkpoint resumes. Over Ray (the driver waits on its
 workers) and in one process (``IN_PROCESS_OVERRIDES``: the step runs in a worker thread while the
-main thread takes the signal)."""
+main thread takes the signal). The signalled run is a process of its own; the one-process run's
+resume, which nothing signals, runs in the test's process (``run_polyrl_here``)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
-RUN = [sys.executable, "-m", "polyrl", "train", "recipe=tiny", "trainer.test_freq=-1",
-       "trainer.val_before_train=false", "trainer.save_freq=1"]  # fmt: skip
+TRAIN = ("train", "recipe=tiny", "trainer.test_freq=-1", "trainer.val_before_train=false",
+         "trainer.save_freq=1")  # fmt: skip
+RUN = [sys.executable, "-m", "polyrl", *TRAIN]
 
 
 def _records(out: Path) -> list[dict]:
@@ -56,10 +58,14 @@ def test_a_signal_mid_run_stops_cleanly_and_the_run_resumes(
     done_steps = len(_records(out))
     if sig != signal.SIGTERM:
         return
-    steps = f"trainer.total_training_steps={done_steps + 1}"
-    again = subprocess.run(
-        [*RUN, *backend, f"trainer.default_local_dir={out}", steps],
-        capture_output=True, text=True, timeout=600, env={**os.environ}, check=False,
-    )  # fmt: skip
+    resume = (*backend, f"trainer.default_local_dir={out}",
+              f"trainer.total_training_steps={done_steps + 1}")  # fmt: skip
+    if backend:
+        again = run_polyrl_here(*TRAIN, *resume)
+    else:  # over Ray: workers start from this process, so a fresh interpreter
+        again = subprocess.run(
+            [*RUN, *resume], capture_output=True, text=True, timeout=600, env={**os.environ},
+            check=False,
+        )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr
