@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, is_dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polyrl.config.schema import PolyrlConfig
 
 log = logging.getLogger(__name__)
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,13 @@ class _Mounted:
     problems: tuple[str, ...]
 
 
-_cache: dict[tuple[Any, ...], _Mounted] = {}
+_cache: dict[tuple[int, ...], tuple[tuple[Any, ...], _Mounted]] = {}
 #: The schema built from the cached :class:`_Mounted` (with the problems met mounting it): a
 #: command line is checked against it several times, and building it is most of a check.
-_schemas: dict[tuple[Any, ...], tuple[DictConfig, tuple[str, ...]]] = {}
+_schemas: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[DictConfig, tuple[str, ...]]]] = {}
+#: Registries kept in each cache: a config may be loaded with the process-wide registry and
+#: validated with the caller's own, and one entry would rebuild the schema at every switch.
+_KEPT = 4
 
 
 def installed_sections(registry: Any = None) -> tuple[ConfigSection, ...]:
@@ -86,17 +91,17 @@ def schema_defaults(registry: Any = None, problems: list[str] | None = None) -> 
     """:func:`schema_config`'s config itself, shared, for reading defaults only: a copy of the
     whole schema costs more than most validations' checks, and a validation reads it several
     times. Never change it (every later caller would see the change)."""
-    key = _mounted_key(registry)
-    if key not in _schemas:
-        _schemas.clear()
+
+    def build() -> tuple[DictConfig, tuple[str, ...]]:
         cfg = OmegaConf.structured(PolyrlConfig)
         owners: dict[str, str] = {}
         met: list[str] = []
         with open_dict(cfg):
             for section in _mounted(registry).sections:
                 _mount(cfg, section, owners, met)
-        _schemas[key] = (cfg, tuple(met))
-    schema, met = _schemas[key]
+        return cfg, tuple(met)
+
+    schema, met = _cached(_schemas, registry, build)
     if problems is not None:
         problems.extend(met)
     return schema
@@ -131,23 +136,30 @@ def _alias_target(key: str, aliases: dict[str, str]) -> str:
     return key
 
 
-def _mounted_key(registry: Any) -> tuple[Any, ...]:
-    """What the mounted sections depend on: the registry and the specs registered in it."""
+def _cached(
+    cache: dict[tuple[int, ...], tuple[tuple[Any, ...], _V]], registry: Any, build: Callable[[], _V]
+) -> _V:
+    """``build()`` for ``registry`` as it is now, from ``cache`` when built before. What the
+    mounted sections depend on is the key: the registry and the specs registered in it (a
+    registration changes it); the entry holds them, so that no other object takes their ids
+    while it is cached. Beyond :data:`_KEPT` entries the oldest is dropped."""
     from polyrl.registry import get_registry
 
     registry = registry if registry is not None else get_registry()
-    return (id(registry), *(id(reg.spec) for reg in registry.all()))
+    owners = (registry, *(reg.spec for reg in registry.all()))
+    key = tuple(map(id, owners))
+    if key not in cache:
+        while len(cache) >= _KEPT:
+            del cache[next(iter(cache))]
+        cache[key] = (owners, build())
+    return cache[key][1]
 
 
 def _mounted(registry: Any) -> _Mounted:
     from polyrl.registry import get_registry
 
     registry = registry if registry is not None else get_registry()
-    key = _mounted_key(registry)
-    if key not in _cache:
-        _cache.clear()
-        _cache[key] = _collect(registry.all())
-    return _cache[key]
+    return _cached(_cache, registry, lambda: _collect(registry.all()))
 
 
 def _collect(registrations: list[Any]) -> _Mounted:
