@@ -720,16 +720,15 @@ def _changed(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> list[tu
     verl's default), and the polyrl-declared keys that a pattern naming a key, not a group,
     matches (against the declared default)."""
     verl = verl_keys()
-    specific = [p for p in DISPOSITIONS if not p.endswith("*")]
+    specific = tuple(p for p in DISPOSITIONS if not p.endswith("*"))
     # A mounted key whose verl default is an interpolation is mounted as None: None is unset.
     judged = {
         key: _resolve(cfg, key, verl[key] if _interpolation(verl.get(key)) else default)
         for key, default in compat_keys(declared).items()
         if not (_interpolation(verl.get(key)) and OmegaConf.select(cfg, key, default=None) is None)
     }
-    for key in declared:
-        if any(fnmatch.fnmatchcase(key, p) for p in specific):
-            judged[key] = _resolve(cfg, key, _raw(schema, key))
+    for key in _matching(frozenset(declared), specific):
+        judged[key] = _resolve(cfg, key, _raw(schema, key))
     changed = []
     absent = object()
     for key, default in sorted(judged.items()):
@@ -742,6 +741,13 @@ def _changed(cfg: DictConfig, schema: DictConfig, declared: set[str]) -> list[tu
         if not _same(value, default):
             changed.append((key, value))
     return changed
+
+
+@lru_cache(maxsize=4)
+def _matching(keys: frozenset[str], patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` that one of ``patterns`` matches: the same for every config of one schema, and
+    matching every declared key against every pattern costs more than the rest of a check."""
+    return tuple(k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns))
 
 
 def _raw(schema: DictConfig, key: str) -> Any:
