@@ -15,9 +15,8 @@ These keep a Ray of their own (:data:`KEEP_OWN_RAY`), and why:
 - test_faults_processes.py, test_faults_recovery.py, test_chaos.py: kill the run's process group
   (Ray's processes with it) or Ray worker processes found among the run's children.
 - test_multi_node.py: a cluster of two nodes of its own.
-- test_plugin_discovery.py, test_algorithm_plugin.py: plugins installed on the run's
-  ``PYTHONPATH``; a joined cluster's workers start from the cluster's environment, not the
-  run's.
+- test_plugin_discovery.py: plugins installed on the run's ``PYTHONPATH``; a joined cluster's
+  workers start from the cluster's environment, not the run's.
 - test_split_placement.py's fault tests: the fault is switched on in the run's environment
   (``POLYRL_TEST_WEIGHT_SYNC_FAULT``), which a joined cluster's workers do not see.
 
@@ -47,7 +46,6 @@ KEEP_OWN_RAY = (
     "test_chaos.py",
     "test_multi_node.py",
     "test_plugin_discovery.py",
-    "test_algorithm_plugin.py",
     "test_split_placement.py::test_a_rollout_worker_killed_mid_sync_ends_the_run",
     "test_split_placement.py::test_a_sync_that_never_completes_times_out_naming_the_ranks",
 )
