@@ -58,9 +58,12 @@ def _busy_workers(session: int, call: str = "") -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
+            # the session first: one system call, where reading every process's command line
+            # (a file each) at each poll took CPU from the run under test
+            if os.getsid(proc.pid) != session:
+                continue
             title = proc.cmdline()[:1]
-            prefix = f"ray::Worker.{call}"
-            if os.getsid(proc.pid) == session and title and title[0].startswith(prefix):
+            if title and title[0].startswith(f"ray::Worker.{call}"):
                 found.append(proc)
     return found
 
