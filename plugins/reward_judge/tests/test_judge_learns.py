@@ -1,9 +1,12 @@
 """End to end: a policy learns what the judge prefers. The judge's preference is made known
 first: ``builtin:tiny`` fine-tuned in plain torch to reply "Score: 1" to a judge prompt whose
 response contains the digit 7 and "Score: 0" otherwise. Then ``polyrl train recipe=tiny
-reward_model.reward_manager=judge`` runs on 2 CPU workers over Ray with that judge served by
-the hf rollout engine in the worker role ``judge``: in the actor's pool the judged score of the
-policy's samples must rise; on a pool of its own the judge must give the same verdicts.
+reward_model.reward_manager=judge`` runs with that judge served by the hf rollout engine in the
+worker role ``judge``. Beside the actor, the judged score of the policy's samples must rise: that
+run's point is the reward, not Ray, so it trains one worker in the test's own process
+(``IN_PROCESS_OVERRIDES``, ``run_polyrl_here``). On a pool of its own, which is Ray's placement,
+the judge must give the same verdicts: that run is over Ray (a worker for the actor, one for the
+judge).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 from polyrl.api import resolve_model_path
-from polyrl.api.testing import run_polyrl
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +51,11 @@ def random_response(tokenizer, rng: random.Random, seven_id: int) -> str:
     return tokenizer.decode(ids)
 
 
-def make_judge(out_dir: Path, *, steps: int = 150, batch_size: int = 16, lr: float = 2e-3) -> Path:
+def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: float = 2e-3) -> Path:
     """``builtin:tiny`` fine-tuned to answer the judge prompt of a response with "Score: 1" when
-    it contains a 7, else "Score: 0". (At lr 5e-3 the fine-tune settled on one constant answer.)"""
+    it contains a 7, else "Score: 0". (At lr 5e-3 the fine-tune settled on one constant answer.
+    At lr 2e-3, 60 steps already graded 256 held-out responses all right, and 100 steps gave the
+    judged scores of 150, step by step, in the learning run: 100 keeps a margin, 2026-12-07.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shutil.copytree(resolve_model_path("builtin:tiny"), out_dir)
@@ -116,10 +121,11 @@ def judge(tmp_path_factory) -> Path:
     return made
 
 
-def train(judge: Path, out: Path, steps: int, *placement: str) -> list[dict]:
-    """``polyrl train recipe=tiny`` judged by ``judge`` for ``steps`` steps; its metrics."""
-    proc = run_polyrl(
-        {**os.environ, "PYTHONUNBUFFERED": "1"},
+def train(judge: Path, out: Path, steps: int, *placement: str, over_ray: bool = False) -> list:
+    """``polyrl train recipe=tiny`` judged by ``judge`` for ``steps`` steps; its metrics.
+    ``over_ray``: ``python -m polyrl`` with Ray's workers, placed by ``placement``; otherwise one
+    worker in this process (``IN_PROCESS_OVERRIDES``), every role colocated in it."""
+    args = (
         "train",
         "recipe=tiny",
         "reward_model.reward_manager=judge",
@@ -127,6 +133,7 @@ def train(judge: Path, out: Path, steps: int, *placement: str) -> list[dict]:
         f"reward_model.judge.template='{TEMPLATE}'",
         "reward_model.judge.score_max=1.0",
         "reward_model.judge.max_new_tokens=6",
+        *(() if over_ray else IN_PROCESS_OVERRIDES),
         *placement,
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
@@ -134,16 +141,20 @@ def train(judge: Path, out: Path, steps: int, *placement: str) -> list[dict]:
         "trainer.save_freq=-1",
         "trainer.logger=[jsonl]",
         f"trainer.default_local_dir={out}",
-        timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    if over_ray:
+        proc = run_polyrl({**os.environ, "PYTHONUNBUFFERED": "1"}, *args, timeout=300)
+    else:
+        # one torch thread, as each of Ray's workers gets (OMP_NUM_THREADS=1 from polyrl)
+        proc = run_polyrl_here(*args, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-6000:])
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def shared_pool_run(judge, tmp_path_factory) -> list[dict]:
-    """The judge role beside the actor, rollout and reference on the 2 workers of the global
-    pool (the default placement)."""
+    """The judge role beside the actor, rollout and reference in the one worker of the global
+    pool (the default placement), in this process."""
     return train(judge, tmp_path_factory.mktemp("shared") / "run", STEPS)
 
 
@@ -158,12 +169,19 @@ def test_the_policy_learns_what_the_judge_prefers(shared_pool_run) -> None:
 
 
 def test_the_judge_runs_on_a_pool_of_its_own(judge, shared_pool_run, tmp_path) -> None:
-    """``trainer.role_pools.judge`` puts the judge on a worker of its own: the same samples (same
-    seeds) get the same verdicts as from the two judges of the shared pool."""
-    own = ("trainer.role_pools.judge=judge_pool", "trainer.resource_pools.judge_pool=1")
-    (record,) = train(judge, tmp_path / "run", 1, *own)
-    assert record[SCORE] == pytest.approx(shared_pool_run[0][SCORE], abs=1e-6)
-    assert (
-        record["reward_extra/judge_unparsed/mean"]
-        == shared_pool_run[0]["reward_extra/judge_unparsed/mean"]
+    """``trainer.role_pools.judge`` puts the judge on a Ray worker of its own (the actor on
+    another): the same samples (same seeds) get the same verdicts as from the judge beside the
+    actor in the in-process run, step by step. Two steps: with one actor worker, step 1's 32
+    samples held no 7 (score 0, which a judge stuck on "Score: 0" would match too); step 2's
+    held one."""
+    own = (
+        "trainer.n_gpus_per_node=1",
+        "trainer.role_pools.judge=judge_pool",
+        "trainer.resource_pools.judge_pool=1",
     )
+    records = train(judge, tmp_path / "run", 2, *own, over_ray=True)
+    assert len(records) == 2 and any(r[SCORE] > 0 for r in records), records
+    for record, colocated in zip(records, shared_pool_run):
+        assert record[SCORE] == pytest.approx(colocated[SCORE], abs=1e-6)
+        unparsed = "reward_extra/judge_unparsed/mean"
+        assert record[unparsed] == colocated[unparsed]
