@@ -4,8 +4,9 @@ student answers the next digit (right format, wrong knowledge: exact-answer accu
 teacher the asked one. With no task reward in its advantage, the student must close most of
 the gap on exact-answer accuracy, which the answer format alone cannot pass.
 
-The learning run trains in its own process without Ray (``IN_PROCESS_OVERRIDES``, one worker):
-its point is the algorithm. The teacher on a pool of its own is Ray's placement, so that run is
+The learning run trains in the test's own process without Ray (``IN_PROCESS_OVERRIDES``, one
+worker, ``run_polyrl_here``: no interpreter start, no second import of torch): its point is the
+algorithm. The teacher on a pool of its own is Ray's placement, so that run is
 over Ray (a worker for the actor, one for the teacher) and must score the same samples the same.
 """
 
@@ -19,32 +20,39 @@ from pathlib import Path
 import pytest
 from distill_models import exact_accuracy
 
-from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl, run_polyrl_here
 
 pytestmark = pytest.mark.slow
 
 VAL_REWARD = "val-core/polyrl/tiny_digits/reward/mean@1"
 # One torch thread per process: on the shared 2-core test machine the in-process run took 198 s
 # with torch's default two threads against 19 s with one (load 4-5, 2026-12-06). Ray's workers
-# get the same from polyrl (OMP_NUM_THREADS=1 each).
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+# get the same from polyrl (OMP_NUM_THREADS=1 each); the in-process worker sets this process's
+# torch threads from it for the run (run_polyrl_here puts them back afterwards).
+THREADS = {"OMP_NUM_THREADS": "1"}
 
 
-def distill(student: Path, teacher: Path, out: Path, *overrides: str) -> list[dict]:
+def distill(
+    student: Path, teacher: Path, out: Path, *overrides: str, over_ray: bool = False
+) -> list[dict]:
     """``polyrl train recipe=distill_tiny`` of ``student`` by ``teacher``; its metrics, step by
-    step."""
-    proc = run_polyrl(
-        ENV,
+    step. ``over_ray``: ``python -m polyrl`` with Ray's workers; otherwise one worker in this
+    process (``IN_PROCESS_OVERRIDES`` then come first, the caller's overrides after them)."""
+    args = (
         "train",
         "recipe=distill_tiny",
         f"actor_rollout_ref.model.path={student}",
         f"distill.teacher.model_path={teacher}",
+        *(() if over_ray else IN_PROCESS_OVERRIDES),
         *overrides,
         "trainer.logger=[jsonl]",
         f"trainer.default_local_dir={out}",
-        timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    if over_ray:
+        proc = run_polyrl({**os.environ, "PYTHONUNBUFFERED": "1", **THREADS}, *args, timeout=300)
+    else:
+        proc = run_polyrl_here(*args, env=THREADS)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-6000:])
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -52,7 +60,7 @@ def distill(student: Path, teacher: Path, out: Path, *overrides: str) -> list[di
 def recipe_run(student, teacher, tmp_path_factory) -> tuple[list[dict], Path]:
     """The recipe as it is, in this one process: its metrics and its output folder."""
     out = tmp_path_factory.mktemp("distill") / "run"
-    return distill(student.path, teacher.path, out, *IN_PROCESS_OVERRIDES), out
+    return distill(student.path, teacher.path, out), out
 
 
 def test_the_student_closes_most_of_the_gap(recipe_run, student, teacher) -> None:
@@ -89,6 +97,7 @@ def test_the_teacher_runs_on_a_pool_of_its_own(recipe_run, student, teacher, tmp
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",  # no validation, no export: the step is what is compared
         "trainer.export_hf_model=false",
+        over_ray=True,
     )
     assert record["timing_s/teacher"] > 0
     colocated = next(r for r in recipe_run[0] if r["step"] == 1)
