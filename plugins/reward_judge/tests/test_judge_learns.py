@@ -54,8 +54,7 @@ def random_response(tokenizer, rng: random.Random, seven_id: int) -> str:
 def make_judge(out_dir: Path, *, steps: int = 100, batch_size: int = 16, lr: float = 2e-3) -> Path:
     """``builtin:tiny`` fine-tuned to answer the judge prompt of a response with "Score: 1" when
     it contains a 7, else "Score: 0". (At lr 5e-3 the fine-tune settled on one constant answer.
-    At lr 2e-3, 60 steps already graded 256 held-out responses all right, and 100 steps gave the
-    judged scores of 150, step by step, in the learning run: 100 keeps a margin, 2026-12-07.)"""
+    At lr 2e-3, 100 steps keep a margin over what grading held-out responses right needs.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shutil.copytree(resolve_model_path("builtin:tiny"), out_dir)
