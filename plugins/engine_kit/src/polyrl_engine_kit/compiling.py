@@ -72,8 +72,13 @@ def compile_or_eager(
                         fullgraph=fullgraph,
                         options=_inductor_options() if backend == "inductor" else None,
                     )
-                with torch._dynamo.config.patch(specialize_float=True):
+                # set and put back by hand: config.patch costs several times more, per layer
+                dynamo, floats = torch._dynamo.config, torch._dynamo.config.specialize_float
+                dynamo.specialize_float = True
+                try:
                     return state["compiled"](*args, **kwargs)
+                finally:
+                    dynamo.specialize_float = floats
             except torch.OutOfMemoryError:
                 raise  # a real failure of this batch, not of the compiler
             except Exception as error:  # noqa: BLE001 - any compiler failure: run eagerly
