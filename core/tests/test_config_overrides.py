@@ -33,3 +33,13 @@ def test_a_type_error_names_the_override_and_the_type_the_key_takes(override, ex
     assert message.startswith(f"invalid config: {override}: ")
     assert expected in message
     assert "\n" not in message
+
+
+def test_a_composed_config_leaves_nothing_behind_for_the_next_one() -> None:
+    """Hydra's per-compose copy of the ConfigStore is skipped (loader.py shares the store):
+    what one load sets or selects must not reach a later load."""
+    first = load_config(["recipe=ppo", "trainer.total_training_steps=7"])
+    assert first.trainer.total_training_steps == 7 and first.algorithm.adv_estimator == "gae"
+    second = load_config([])
+    assert second.trainer.total_training_steps != 7
+    assert second.algorithm.adv_estimator != "gae"

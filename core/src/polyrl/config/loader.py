@@ -23,6 +23,24 @@ ConfigStore.instance().store(
 )
 
 
+def _share_the_store_when_copied() -> None:
+    """Make a deep copy of Hydra's ConfigStore the store itself.
+
+    Why: every ``compose`` deep-copies its config repository so that re-initialising the
+    copy's sources cannot touch the original, and the repository's structured source holds
+    the process-wide ConfigStore, so each compose also copied every stored node (the schema
+    with its plugin sections and verl's mounted keys, the recipes): about a third of a
+    compose. Nothing writes through that copy (new sources take ``ConfigStore.instance()``
+    again, and ``ConfigStore.load`` copies the node it returns), so sharing it changes no
+    result. ``copy.deepcopy`` looks ``__deepcopy__`` up on the object, so this instance
+    alone is affected."""
+    store = ConfigStore.instance()
+    store.__deepcopy__ = lambda memo: store  # type: ignore[attr-defined]
+
+
+_share_the_store_when_copied()
+
+
 def load_config(overrides: list[str] | None = None) -> DictConfig:
     """The resolved config for ``overrides`` (e.g. ``["recipe=tiny", "trainer.device=cpu"]``).
 
