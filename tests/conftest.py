@@ -70,6 +70,7 @@ def shared_ray() -> Iterator[str]:
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_AUTH_MODE": "disabled",  # nothing outside this machine can connect
         "RAY_worker_niceness": "0",  # the workers are the compute (see ensure_ray)
+        "RAY_prestart_worker_first_driver": "0",  # idle workers no job uses (see ensure_ray)
         _LOOPBACK_ENV: "0",
     }
     env.pop("RAY_ADDRESS", None)
