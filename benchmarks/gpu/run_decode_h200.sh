@@ -88,9 +88,10 @@ for part in ${PARTS:-tests decode mix warm}; do
             done
             python3 -c "import torch; a,b=(torch.load(f'$results/greedy_${1}_${3}_merge_'+s+'.pt') for s in ('false','true')); print('greedy rows equal (bf16):', int((a==b).all(1).sum()), 'of', a.shape[0])"
         done 2>&1 | tee "$results/merge.log" ;;
-    profile)
-        python3 benchmarks/gpu/bench_decode.py --shape qwen2-0.5b --prompts 32 --n 8 \
-            --max-new-tokens 64 --runs 1 --label profile --hf "$opt_in" --profile "$results" 2>&1 |
+    profile)  # PROFILE_SHAPE: "shape prompts new-tokens" (qwen2-0.5b 32 64)
+        set -- ${PROFILE_SHAPE:-qwen2-0.5b 32 64}
+        python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
+            --max-new-tokens "$3" --runs 1 --label profile --hf "$opt_in" --profile "$results" 2>&1 |
             grep -v "Loading weights\|Writing model" | tail -40 ;;
     esac
 done
