@@ -29,8 +29,8 @@ def _share_the_store_when_copied() -> None:
     Why: every ``compose`` deep-copies its config repository so that re-initialising the
     copy's sources cannot touch the original, and the repository's structured source holds
     the process-wide ConfigStore, so each compose also copied every stored node (the schema
-    with its plugin sections and verl's mounted keys, the recipes): about a third of a
-    compose. Nothing writes through that copy (new sources take ``ConfigStore.instance()``
+    with its plugin sections and verl's mounted keys, the recipes), a large share of a
+    compose's time. Nothing writes through that copy (new sources take ``ConfigStore.instance()``
     again, and ``ConfigStore.load`` copies the node it returns), so sharing it changes no
     result. ``copy.deepcopy`` looks ``__deepcopy__`` up on the object, so this instance
     alone is affected."""

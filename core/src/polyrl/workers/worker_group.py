@@ -78,8 +78,8 @@ def ensure_ray(
     os.environ.setdefault("RAY_worker_niceness", "0")
     # Ray starts idle worker processes for the first driver, before any job exists; a worker
     # serves one job, so polyrl's actors start processes of their own and those idle ones only
-    # cost their start (measured: a tiny run 1.2 CPU-s and 1.8 s less without them on 2 cores).
-    # Only applies when this process starts the local Ray.
+    # take CPU from the run's own workers while they start (the commit that added this line
+    # has the measurement). Only applies when this process starts the local Ray.
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     if ray.is_initialized():
         return
