@@ -99,16 +99,25 @@ def race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 def _pick_untruncated(
     logits: torch.Tensor, clocks: torch.Tensor | None, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy (``clocks`` None) or an untruncated draw, and the chosen tokens' log-probs."""
+    """Greedy (``clocks`` None) or an untruncated draw, and the chosen tokens' log-probs.
+
+    The race needs no normalised probabilities: ``softmax(s) / E`` is ``exp(s - max) / E``
+    divided by the row's sum, which scales every entry of the row alike and moves no argmax.
+    The sum then gives the log-sum-exp, and the chosen token's log-prob is its scaled logit less
+    it. So no vocabulary-wide log-softmax or softmax is written out and read back: compiled, the
+    pick is a pass for the row maxima and one for the rest.
+    """
     scaled = logits.float()
     if clocks is not None:
         scaled = scaled / temperature
-    log_probs = torch.log_softmax(scaled, dim=-1)
+    top = scaled.amax(dim=-1, keepdim=True)
+    weights = torch.exp(scaled - top)
     if clocks is None:
         tokens = scaled.argmax(dim=-1)
     else:
-        tokens = (torch.softmax(scaled, dim=-1) / clocks).argmax(dim=-1)
-    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        tokens = (weights / clocks).argmax(dim=-1)
+    log_sum = top.squeeze(-1) + weights.sum(dim=-1).log()
+    return tokens, scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_sum
 
 
 _COMPILED: dict[str, object] = {}
@@ -134,8 +143,9 @@ def pick_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens ``[rows]`` and their float32 log-probs ``[rows]`` from logits ``[rows, V]``.
 
-    ``compiled``: run the untruncated cases through ``torch.compile`` (same draws and tokens up
-    to the rounding of the fused softmax; for CUDA, where each eager pass over the
+    Untruncated draws take the same exponential draws from ``generator`` as the truncated race
+    (:func:`race`); their tokens are the race's up to float rounding at near ties.
+    ``compiled``: run the untruncated cases through ``torch.compile`` (for CUDA, where each eager pass over the
     vocabulary-wide tensors costs a kernel launch and a round trip through memory), traced with
     a symbolic row count (:mod:`~polyrl_rollout_hf.compiled_shapes`).
     """
