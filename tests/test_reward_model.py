@@ -5,9 +5,6 @@ tiny model whose reward-model score rises."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES, run_polyrl_here
 from polyrl.batch import Batch
 from polyrl.config.loader import load_config
 from polyrl.config.validate import validate_config
@@ -207,12 +205,10 @@ def test_grpo_on_the_reward_model_raises_its_score(reward_model_path: str, tmp_p
     reward-model score rises, and the rule-based scorer (still run, its extras logged) sees the
     share of digits it was trained to prefer rise with it."""
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "polyrl",
+    proc = run_polyrl_here(
         "train",
         "recipe=tiny",
+        *IN_PROCESS_OVERRIDES,  # its point is the stage and the role, not Ray
         "reward_model.enable=true",
         f"reward_model.model.path={reward_model_path}",
         "reward_model.combine=replace",
@@ -221,13 +217,6 @@ def test_grpo_on_the_reward_model_raises_its_score(reward_model_path: str, tmp_p
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
         f"trainer.default_local_dir={out}",
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,5 +1,8 @@
 """End to end: k-step off-policy training (``trainer.async_mode=k_step_off``, k=3) on
-``recipe=grpo`` with split placement, 1 trainer + 1 rollout worker over Ray on CPU.
+``recipe=grpo`` with split placement on CPU: 1 trainer and 1 rollout worker, each in a pool of
+its own, hosted in the run's process (``trainer.worker_backend=in_process``; the scheduling is
+the driver's, the weights cross the pools over the transport channel as between processes, and
+test_split_placement.py runs split placement over Ray).
 
 A k-step run learns as a synchronous one does (the same final validation reward within noise)
 with every sample at most k versions behind; a k-step run whose driver is killed -9 mid-round
@@ -29,15 +32,17 @@ from pathlib import Path
 import pytest
 from test_train_tiny import final_weights, read_records
 
+from polyrl.api.testing import IN_PROCESS_OVERRIDES
+
 pytestmark = pytest.mark.slow
 
 K = 3
 PROMPTS = 32  # batches of 8: 4 steps per epoch
 STEPS = 10  # rounds of steps 2-4, 5-7, 8-10: none reaches past the last step
 SPLIT = (
+    *IN_PROCESS_OVERRIDES,
     "actor_rollout_ref.hybrid_engine=false",
     "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    "trainer.n_gpus_per_node=1",
     "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
     f'data.train_files="builtin:tiny_digits?train_size={PROMPTS}"',
     f"trainer.total_training_steps={STEPS}",

@@ -1,5 +1,7 @@
 """End to end: one-step off-policy training (``trainer.async_mode=one_step_off``) on
-``recipe=tiny`` with split placement, 1 trainer + 1 rollout worker over Ray on CPU.
+``recipe=tiny`` with split placement on CPU: 1 trainer and 1 rollout worker, each in a pool of
+its own, hosted in the test's process (``trainer.worker_backend=in_process``, as
+:func:`~test_train_tiny.polyrl_train` runs it).
 
 One 24-step run learns; a second run resumed from its step-18 checkpoint (into another folder)
 must finish bitwise equal to it: the checkpoint holds the batch generated ahead by a policy it no
@@ -31,7 +33,7 @@ ONE_STEP_OFF = (
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("one_step_off")
-    polyrl_train(out, *ONE_STEP_OFF, over_ray=True)
+    polyrl_train(out, *ONE_STEP_OFF)
     return out
 
 
@@ -58,7 +60,6 @@ def test_resume_from_the_middle_is_bitwise_like_the_straight_run(
         *ONE_STEP_OFF,
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={straight / 'global_step_18'}",
-        over_ray=True,
     )
     assert "resumed from" in run.stderr
     records = read_records(resumed)

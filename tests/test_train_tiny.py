@@ -217,7 +217,9 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path: Path) -> N
 
 def test_reference_on_its_own_pool_trains_like_the_colocated_one(tmp_path: Path) -> None:
     """Placement is config: the reference role on a separate 1-worker pool gives the same run
-    (the same samples, rewards and KL) as the reference colocated with the actor."""
+    (the same samples, rewards and KL) as the reference colocated with the actor. Both in this
+    process, one worker per pool; the placement of plugin roles on pools of their own over Ray
+    is algo_distill's and reward_judge's test."""
     steps = (
         "trainer.total_training_steps=2",
         "trainer.save_freq=-1",
@@ -226,13 +228,9 @@ def test_reference_on_its_own_pool_trains_like_the_colocated_one(tmp_path: Path)
         "trainer.export_hf_model=false",
     )
     colocated, split = tmp_path / "colocated", tmp_path / "split"
-    polyrl_train(colocated, *steps, over_ray=True)
+    polyrl_train(colocated, *steps)
     polyrl_train(
-        split,
-        *steps,
-        "trainer.role_pools.ref=refpool",
-        "trainer.resource_pools.refpool=1",
-        over_ray=True,
+        split, *steps, "trainer.role_pools.ref=refpool", "trainer.resource_pools.refpool=1"
     )
     for x, y in zip(read_records(colocated), read_records(split), strict=True):
         assert x["critic/score/mean"] == y["critic/score/mean"]

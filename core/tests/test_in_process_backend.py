@@ -1,4 +1,4 @@
-"""``trainer.worker_backend=in_process``: the run's one worker in the driver's process, no Ray.
+"""``trainer.worker_backend=in_process``: each pool's one worker in the driver's process, no Ray.
 
 What it cannot host is refused by ``polyrl validate`` in one line each, and a run trains end to
 end with Ray unreachable (``RAY_ADDRESS`` points at a closed port, so any attempt to start or
@@ -30,17 +30,42 @@ def test_one_colocated_worker_validates():
     assert in_process_problems() == []
 
 
+def test_pools_of_one_worker_each_validate_on_the_cpu():
+    split = ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.n_gpus_per_node=1")
+    assert in_process_problems(*split) == []
+    assert in_process_problems("+trainer.role_pools.ref=aux", "+trainer.resource_pools.aux=1") == []
+
+
 @pytest.mark.parametrize(
-    ("override", "named"),
+    ("overrides", "named"),
     [
-        ("trainer.n_gpus_per_node=2", "trainer.nnodes x trainer.n_gpus_per_node = 2"),
-        ("trainer.max_restarts=1", "trainer.max_restarts=0"),
-        ("+trainer.role_pools.ref=aux", "placed in the pools ['aux', 'global']"),
+        (
+            ("trainer.n_gpus_per_node=2",),
+            "trainer.nnodes 1 x trainer.n_gpus_per_node 2 = 2: use trainer.worker_backend=ray, "
+            "or set trainer.nnodes=1 trainer.n_gpus_per_node=1",
+        ),
+        (
+            ("+trainer.role_pools.ref=aux", "+trainer.resource_pools.aux=2"),
+            "pool 'aux' (trainer.resource_pools.aux) = 2: use trainer.worker_backend=ray, or set "
+            "trainer.resource_pools.aux=1",
+        ),
+        (
+            (
+                "actor_rollout_ref.hybrid_engine=false",
+                "actor_rollout_ref.rollout.n_gpus_per_node=2",
+            ),
+            "actor_rollout_ref.rollout.n_gpus_per_node 2 = 2: use trainer.worker_backend=ray, or "
+            "set actor_rollout_ref.rollout.nnodes=1 actor_rollout_ref.rollout.n_gpus_per_node=1",
+        ),
+        (
+            ("trainer.device=cuda", "+trainer.role_pools.ref=aux", "+trainer.resource_pools.aux=1"),
+            "hosts one pool on CUDA, but the roles are placed in the pools ['aux', 'global']",
+        ),
+        (("trainer.max_restarts=1",), "trainer.max_restarts=0"),
     ],
 )
-def test_what_one_process_cannot_host_is_one_line(override, named):
-    extra = ("+trainer.resource_pools.aux=1",) if "role_pools" in override else ()
-    problems = in_process_problems(override, *extra)
+def test_what_one_process_cannot_host_is_one_line(overrides, named):
+    problems = in_process_problems(*overrides)
     assert len(problems) == 1, problems
     assert named in problems[0] and "trainer.worker_backend=ray" in problems[0], problems
 

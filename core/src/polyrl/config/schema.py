@@ -360,10 +360,10 @@ class TrainerConfig:
     # started) for this long before the run stops with one line; a cluster the run started
     # itself cannot grow and fails at once
     joined_cluster_growth_s: float = 30.0
-    # ray: every pool's workers are Ray actors (processes of their own). in_process: the one
-    # worker runs in this process, without Ray (no cluster to start, no worker process to
-    # import torch again; a debugger stops in worker code): for a run of one pool of one
-    # worker (nnodes=1, n_gpus_per_node=1, the roles colocated), trainer.max_restarts=0
+    # ray: every pool's workers are Ray actors (processes of their own). in_process: each
+    # pool's one worker runs in this process, without Ray (no cluster to start, no worker
+    # process to import torch again; a debugger stops in worker code): for pools of one worker
+    # (nnodes=1, n_gpus_per_node=1; several pools on the CPU only), trainer.max_restarts=0
     worker_backend: str = "ray"  # ray | in_process
     collective_timeout_s: float = 1800.0  # torch.distributed timeout: a stuck rank fails, not hangs
     # A worker lost (killed, out of memory, node gone): restart every worker and resume from the

@@ -2,8 +2,9 @@
 
 Same interface and failure semantics as :class:`~polyrl.workers.worker_group.WorkerGroup`
 (dispatch, rank-ordered outputs, the first failing rank raises at once, timeouts name the
-pending ranks), for unit tests of dispatch, roles and failure handling. Not used by the trainer:
-the workers share one process, so they cannot join a torch.distributed group.
+pending ranks). The trainer's in-process backend (``trainer.worker_backend=in_process``) hosts
+each pool's one worker with it; unit tests of dispatch, roles and failure handling use it with
+several ranks (which share one process, so they cannot join one torch.distributed group).
 
 The threads are daemons: a rank that never returns (blocked on purpose in a test) does not keep
 the interpreter alive.

@@ -253,8 +253,8 @@ def start_role_workers(
     call_timeout_s: float | None = None,
 ) -> RoleWorkers:
     """Start one Ray worker group per pool of :func:`plan_pools` (with
-    ``trainer.worker_backend=in_process``: the one worker, in this process) and return the
-    handle.
+    ``trainer.worker_backend=in_process``: each pool's one worker, in this process) and return
+    the handle.
 
     ``roles``: the roles the step uses (``StepPipeline.roles()``); ``role_classes``: classes of
     roles beyond core's (``AlgorithmSpec.role_classes``, import strings preferred: they are
@@ -283,9 +283,11 @@ def start_role_workers(
         problems = in_process_problems(cfg, tuple(roles))
         if problems:
             raise ConfigError("; ".join(problems))
-        (pool, (_, pool_roles)), *_ = pools.items()
         groups = {
-            pool: _in_process_group(pool, pool_roles, worker_cls, ready_timeout_s, init_kwargs)
+            pool: _in_process_group(
+                pool, pool_roles, worker_cls, ready_timeout_s, init_kwargs, first=not index
+            )
+            for index, (pool, (_, pool_roles)) in enumerate(pools.items())
         }
     else:
         groups = _ray_groups(cfg, pools, worker_cls, ready_timeout_s, init_kwargs)
@@ -313,25 +315,24 @@ def _in_process_group(
     worker_cls: type | None,
     ready_timeout_s: float,
     init_kwargs: dict[str, Any],
+    *,
+    first: bool,
 ) -> SPMDGroup:
-    """The run's one worker, built in this process (``trainer.worker_backend=in_process``):
-    a process group of one on a loopback port that it binds itself (port 0), the roles
-    colocated in it."""
+    """One pool's one worker, built in this process (``trainer.worker_backend=in_process``).
+    The first pool's worker starts a process group of one on a loopback port that it binds
+    itself (port 0); the other pools' workers share it (a group of one rank has nothing to
+    exchange), and weights travel between pools over the transport's own channel, as between
+    processes."""
     from polyrl.workers.local import LocalWorkerGroup
     from polyrl.workers.worker import Worker
 
+    joins = {"master_addr": "127.0.0.1", "master_port": 0} if first else {}
     return LocalWorkerGroup(
         worker_cls or Worker,
         world_size=1,
         name=pool,
         ready_timeout_s=ready_timeout_s,
-        init_kwargs={
-            **init_kwargs,
-            "roles": tuple(roles),
-            "pool": pool,
-            "master_addr": "127.0.0.1",
-            "master_port": 0,
-        },
+        init_kwargs={**init_kwargs, "roles": tuple(roles), "pool": pool, **joins},
     )
 
 

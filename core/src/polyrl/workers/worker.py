@@ -77,7 +77,10 @@ class Worker:
         self.cfg = OmegaConf.create(cfg)
         self.rank, self.world_size, self.pool = rank, world_size, pool
         self.device = str(self.cfg.trainer.device)
-        if master_port is not None:
+        # without an address the worker uses the process group its process already has (the
+        # in-process backend's pools beyond the first share the first one's group of one)
+        self._joined = master_port is not None
+        if self._joined:
             self._join_process_group(str(master_addr), int(master_port))
         self.roles: dict[str, Role] = {}
         self.weight_versions: dict[str, int] = {}  # role -> version of its last weight sync
@@ -299,7 +302,7 @@ class Worker:
             self._channel.close()
             self._channel = None
         self._channel_store = None
-        if dist.is_initialized():
+        if self._joined and dist.is_initialized():
             dist.destroy_process_group()
         if errors:
             raise RoleError(f"shutting roles down on rank {self.rank} failed: {errors}")

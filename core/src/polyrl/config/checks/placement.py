@@ -127,22 +127,24 @@ def check_placement(checker: Checker, pipeline: StepPipeline | None) -> None:
 
 def in_process_problems(cfg: Any, roles: tuple[str, ...]) -> list[str]:
     """Why ``trainer.worker_backend=in_process`` cannot host this run: this process holds one
-    worker, so one pool of one worker hosts every role, and no worker can be replaced."""
+    worker per pool, so each pool the roles are placed in must be of one worker; pools beyond
+    the first need the CPU (on one GPU their weight channel would put two ranks on one device,
+    which NCCL refuses); and no worker can be replaced."""
     problems = []
-    pools = sorted({pool_of(cfg, role) for role in roles})
+    pools = list(dict.fromkeys(pool_of(cfg, role) for role in roles))
     how = "use trainer.worker_backend=ray, or"
-    if pools != [GLOBAL_POOL]:
+    for pool in pools:
+        size, where = pool_size(cfg, pool)
+        if is_positive_int(size) and size != 1:  # an unusable size is the range check's
+            problems.append(
+                f"trainer.worker_backend=in_process runs one worker per pool in this process, "
+                f"but {where} = {size}: {how} set {_one_worker(cfg, pool)}"
+            )
+    if len(pools) > 1 and get(cfg, "trainer.device") == "cuda":
         problems.append(
-            f"trainer.worker_backend=in_process runs one worker in this process, but the roles "
-            f"are placed in the pools {pools}: {how} colocate every role (no "
-            f"trainer.role_pools, actor_rollout_ref.hybrid_engine=true)"
-        )
-    size, _ = pool_size(cfg, GLOBAL_POOL)
-    if size != 1:
-        problems.append(
-            f"trainer.worker_backend=in_process runs one worker in this process, but "
-            f"trainer.nnodes x trainer.n_gpus_per_node = {size}: {how} set "
-            f"trainer.nnodes=1 trainer.n_gpus_per_node=1"
+            f"trainer.worker_backend=in_process hosts one pool on CUDA, but the roles are placed "
+            f"in the pools {sorted(pools)}: {how} colocate every role (no trainer.role_pools, "
+            f"actor_rollout_ref.hybrid_engine=true)"
         )
     if get(cfg, "trainer.max_restarts") not in (0, None):
         problems.append(
@@ -150,6 +152,14 @@ def in_process_problems(cfg: Any, roles: tuple[str, ...]) -> list[str]:
             f"process): {how} set trainer.max_restarts=0"
         )
     return problems
+
+
+def _one_worker(cfg: Any, pool: str) -> str:
+    """The settings that make ``pool`` one worker."""
+    prefix = sized_by_nodes(cfg, pool)
+    if prefix is None:
+        return f"trainer.resource_pools.{pool}=1"
+    return f"{prefix}.nnodes=1 {prefix}.n_gpus_per_node=1"
 
 
 def _check_split(checker: Checker, role_pools: dict[str, Any], sizes: dict[str, Any]) -> None:
