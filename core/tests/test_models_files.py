@@ -13,11 +13,11 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from polyrl.api.testing import run_polyrl_here
 from polyrl.errors import ConfigError
 from polyrl.models.files import check_gguf_file, check_model_folder, safetensors_problem
 
@@ -128,14 +128,18 @@ def test_a_real_gguf_passes_the_header_check(tmp_path: Path) -> None:
 
 # ---- the commands -------------------------------------------------------------------------------
 def polyrl(tmp_path: Path, command: str, model: Path) -> subprocess.CompletedProcess:
+    """``polyrl <command>`` in this process (the checks run before anything starts, so a fresh
+    interpreter would only import again); ``RAY_ADDRESS`` names a closed port, so a run that
+    reached Ray would fail with another error."""
     out = tmp_path / f"run-{command}"
-    args = [
-        sys.executable, "-m", "polyrl", command, "recipe=tiny",
-        f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={out}",
-    ]  # fmt: skip
-    env = {**os.environ, **ENV, "POLYRL_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("RAY_ADDRESS", None)  # nothing may join or start a cluster
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    env = {**ENV, "POLYRL_CACHE_DIR": str(tmp_path / "cache"), "RAY_ADDRESS": "127.0.0.1:9"}
+    return run_polyrl_here(
+        command,
+        "recipe=tiny",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.default_local_dir={out}",
+        env=env,
+    )
 
 
 def assert_one_line(proc: subprocess.CompletedProcess, *words: str) -> str:
