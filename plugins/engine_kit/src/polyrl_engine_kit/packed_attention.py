@@ -39,9 +39,11 @@ def _varlen() -> tuple[Any | None, dict[str, Any], bool]:
     return None, {}, False
 
 
-# Looked up once: inside a compiled decoder layer (compiling.py) the attention is traced, and
-# signature inspection there would break the graph.
-_VARLEN_ATTN, _CAUSAL, _TAKES_GQA = _varlen()
+# Looked up once, at import: inside a compiled decoder layer (compiling.py) the attention is
+# traced, and signature inspection there would break the graph. Only where CUDA is (the only
+# device that calls it): importing it pulls in much of dynamo, a cost every CPU process that
+# imports an engine would pay for nothing.
+_VARLEN_ATTN, _CAUSAL, _TAKES_GQA = _varlen() if torch.cuda.is_available() else (None, {}, False)
 
 
 def _varlen_causal(

@@ -163,7 +163,6 @@ def shard_packed(packed: PackedRows, sp: SequenceParallel) -> tuple[PackedRows, 
 
 
 # ---- attention --------------------------------------------------------------------------------
-@torch.compiler.disable
 def ulysses_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -176,8 +175,9 @@ def ulysses_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract (``[1, H, slice, D]`` in, ``[1, slice, H, D]``
     out): :func:`~polyrl_engine_kit.packed_attention.packed_attention_forward` on the whole row
-    for this rank's share of the heads, between two all-to-alls. Outside torch.compile's
-    graphs: the collectives run eagerly between them. Fewer key/value heads than ranks are
+    for this rank's share of the heads, between two all-to-alls. Registered outside
+    torch.compile's graphs (:func:`use_ulysses_attention`): the collectives run eagerly between
+    them. Fewer key/value heads than ranks are
     repeated to one per rank (each query head keeps its own key/value head)."""
     sp = sequence_parallel
     if key.shape[1] < sp.size:
@@ -197,6 +197,9 @@ def use_ulysses_attention(model: Any, sp: SequenceParallel) -> None:
 
     name = f"{ULYSSES_ATTENTION}_{sp.size}"
     AttentionInterface.register(
-        name, functools.partial(ulysses_attention_forward, sequence_parallel=sp)
+        # disabled here rather than at import: torch.compiler.disable imports dynamo, which
+        # every process importing an engine would otherwise pay for
+        name,
+        functools.partial(torch.compiler.disable(ulysses_attention_forward), sequence_parallel=sp),
     )
     model.set_attn_implementation(name)
