@@ -62,7 +62,9 @@ def read_parquet(file: str, what: str) -> Any:
     if not path.is_file():
         raise DataError(f"{file}: no such {what} file")
     try:
-        return pq.read_table(path)
+        # one file: ParquetFile reads it without pq.read_table's dataset layer, whose import
+        # (pandas with it) costs a run's driver more than reading a prompt file does
+        return pq.ParquetFile(path).read()
     except Exception as exc:
         raise DataError(
             f"{file}: not a readable parquet file ({type(exc).__name__}: {exc})"
