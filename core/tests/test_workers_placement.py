@@ -272,3 +272,33 @@ def test_a_role_that_fails_to_build_is_named():
                 "role_classes": {"critic": Broken},
             },
         )
+
+
+@pytest.mark.timeout(30)
+def test_in_process_pools_built_before_a_failing_one_are_shut_down():
+    """``trainer.worker_backend=in_process`` with a pool whose role fails to build: the pools
+    built before it are shut down, and the process group the first of them started is gone."""
+    import torch.distributed as dist
+
+    from polyrl.workers.placement import start_role_workers
+
+    class Idle(Role):
+        def __init__(self, ctx):
+            pass
+
+    class Broken(Role):
+        def __init__(self, ctx):
+            raise OSError("no weights")
+
+    cfg = trainer_cfg(gpus=1, role_pools={"critic": "aux"}, resource_pools={"aux": 1})
+    cfg.trainer.worker_backend, cfg.trainer.max_restarts = "in_process", 0
+    with pytest.raises(WorkerError, match=r"building role 'critic' .* in pool 'aux' failed"):
+        start_role_workers(
+            cfg,
+            ("actor", "critic"),
+            model_path="",
+            total_training_steps=1,
+            tokens={},
+            role_classes={"actor": Idle, "critic": Broken},
+        )
+    assert not dist.is_initialized()

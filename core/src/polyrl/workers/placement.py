@@ -283,12 +283,7 @@ def start_role_workers(
         problems = in_process_problems(cfg, tuple(roles))
         if problems:
             raise ConfigError("; ".join(problems))
-        groups = {
-            pool: _in_process_group(
-                pool, pool_roles, worker_cls, ready_timeout_s, init_kwargs, first=not index
-            )
-            for index, (pool, (_, pool_roles)) in enumerate(pools.items())
-        }
+        groups = _in_process_groups(pools, worker_cls, ready_timeout_s, init_kwargs)
     else:
         groups = _ray_groups(cfg, pools, worker_cls, ready_timeout_s, init_kwargs)
     try:
@@ -309,16 +304,13 @@ def start_role_workers(
         raise
 
 
-def _in_process_group(
-    pool: str,
-    roles: Sequence[str],
+def _in_process_groups(
+    pools: Mapping[str, PoolPlan],
     worker_cls: type | None,
     ready_timeout_s: float,
     init_kwargs: dict[str, Any],
-    *,
-    first: bool,
-) -> SPMDGroup:
-    """One pool's one worker, built in this process (``trainer.worker_backend=in_process``).
+) -> dict[str, SPMDGroup]:
+    """Each pool's one worker, built in this process (``trainer.worker_backend=in_process``).
     The first pool's worker starts a process group of one on a loopback port that it binds
     itself (port 0); the other pools' workers share it (a group of one rank has nothing to
     exchange), and weights travel between pools over the transport's own channel, as between
@@ -326,14 +318,23 @@ def _in_process_group(
     from polyrl.workers.local import LocalWorkerGroup
     from polyrl.workers.worker import Worker
 
-    joins = {"master_addr": "127.0.0.1", "master_port": 0} if first else {}
-    return LocalWorkerGroup(
-        worker_cls or Worker,
-        world_size=1,
-        name=pool,
-        ready_timeout_s=ready_timeout_s,
-        init_kwargs={**init_kwargs, "roles": tuple(roles), "pool": pool, **joins},
-    )
+    groups: dict[str, SPMDGroup] = {}
+    try:
+        for pool, (_, pool_roles) in pools.items():
+            joins = {} if groups else {"master_addr": "127.0.0.1", "master_port": 0}
+            groups[pool] = LocalWorkerGroup(
+                worker_cls or Worker,
+                world_size=1,
+                name=pool,
+                ready_timeout_s=ready_timeout_s,
+                init_kwargs={**init_kwargs, "roles": pool_roles, "pool": pool, **joins},
+            )
+        return groups
+    except BaseException:
+        for group in reversed(groups.values()):  # the first, which holds the group, last
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        raise
 
 
 def _ray_groups(
