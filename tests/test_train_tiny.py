@@ -1,10 +1,10 @@
 """End to end: ``polyrl train recipe=tiny`` as a user runs it.
 
-The learning run and the placement test are the real path over Ray with the recipe's 2 CPU
-workers: the CLI composes and validates the config, the controller starts Ray actors in a
-placement group, FSDP2 trains over gloo, the HF rollout samples, GRPO computes advantages,
-rewards are scored in worker processes, checkpoints are written. The resume test, and the other
-files' runs through :func:`polyrl_train`, train one worker in the run's own process
+The learning run is the real path over Ray with the recipe's 2 CPU workers: the CLI composes
+and validates the config, the controller starts Ray actors in a placement group, FSDP2 trains
+over gloo, the HF rollout samples, GRPO computes advantages, rewards are scored in worker
+processes, checkpoints are written. The resume and placement tests, and the other files' runs
+through :func:`polyrl_train`, train one worker per pool in the run's own process
 (``trainer.worker_backend=in_process``): their point is not Ray, and Ray's start-up would be
 most of their time.
 """
