@@ -105,17 +105,15 @@ def _pick_untruncated(
     divided by the row's sum, which scales every entry of the row alike and moves no argmax.
     The sum then gives the log-sum-exp, and the chosen token's log-prob is its scaled logit less
     it. So no vocabulary-wide log-softmax or softmax is written out and read back: compiled, the
-    pick is a pass for the row maxima and one for the rest.
+    pick is a pass for the row maxima, then the sum and the race (one pass each where Inductor
+    splits these long reductions for parallelism).
     """
     scaled = logits.float()
     if clocks is not None:
         scaled = scaled / temperature
     top = scaled.amax(dim=-1, keepdim=True)
     weights = torch.exp(scaled - top)
-    if clocks is None:
-        tokens = scaled.argmax(dim=-1)
-    else:
-        tokens = (weights / clocks).argmax(dim=-1)
+    tokens = scaled.argmax(dim=-1) if clocks is None else (weights / clocks).argmax(dim=-1)
     log_sum = top.squeeze(-1) + weights.sum(dim=-1).log()
     return tokens, scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_sum
 
@@ -145,9 +143,9 @@ def pick_tokens(
 
     Untruncated draws take the same exponential draws from ``generator`` as the truncated race
     (:func:`race`); their tokens are the race's up to float rounding at near ties.
-    ``compiled``: run the untruncated cases through ``torch.compile`` (for CUDA, where each eager pass over the
-    vocabulary-wide tensors costs a kernel launch and a round trip through memory), traced with
-    a symbolic row count (:mod:`~polyrl_rollout_hf.compiled_shapes`).
+    ``compiled``: run the untruncated cases through ``torch.compile`` (for CUDA, where each eager
+    pass over the vocabulary-wide tensors costs a kernel launch and a round trip through
+    memory), traced with a symbolic row count (:mod:`~polyrl_rollout_hf.compiled_shapes`).
     """
     vocab = logits.shape[-1]
     truncated = 0 < top_k < vocab or top_p < 1.0
