@@ -100,7 +100,7 @@ def _parsed_once() -> Iterator[None]:
     tensor names it rebuilds gguf's name map for every submodule of the model (hundreds of
     times, the same map). Both are pure functions of their arguments, looked up on the ``gguf``
     module at each call, so caching them for the conversion leaves every result unchanged and
-    takes about half of the conversion's time away.
+    takes most of the conversion's time away.
     """
     import gguf
 

@@ -177,8 +177,8 @@ def ulysses_attention_forward(
     out): :func:`~polyrl_engine_kit.packed_attention.packed_attention_forward` on the whole row
     for this rank's share of the heads, between two all-to-alls. Registered outside
     torch.compile's graphs (:func:`use_ulysses_attention`): the collectives run eagerly between
-    them. Fewer key/value heads than ranks are
-    repeated to one per rank (each query head keeps its own key/value head)."""
+    them. Fewer key/value heads than ranks are repeated to one per rank (each query head keeps
+    its own key/value head)."""
     sp = sequence_parallel
     if key.shape[1] < sp.size:
         repeat = sp.size // key.shape[1]
@@ -196,10 +196,8 @@ def use_ulysses_attention(model: Any, sp: SequenceParallel) -> None:
     from transformers import AttentionInterface
 
     name = f"{ULYSSES_ATTENTION}_{sp.size}"
-    AttentionInterface.register(
-        # disabled here rather than at import: torch.compiler.disable imports dynamo, which
-        # every process importing an engine would otherwise pay for
-        name,
-        functools.partial(torch.compiler.disable(ulysses_attention_forward), sequence_parallel=sp),
-    )
+    # compiler-disabled here rather than at import: torch.compiler.disable imports dynamo,
+    # which every process importing an engine would otherwise pay for
+    forward = torch.compiler.disable(ulysses_attention_forward)
+    AttentionInterface.register(name, functools.partial(forward, sequence_parallel=sp))
     model.set_attn_implementation(name)
