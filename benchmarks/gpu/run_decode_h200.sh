@@ -6,7 +6,7 @@
 #   git archive <commit> plugins/rollout_hf/src | tar -x -C .baseline    # on the dev machine
 #   RESULTS=$OUT bash benchmarks/gpu/run_decode_h200.sh
 # Environment: RESULTS (folder for logs and JSON lines), BASELINE (.baseline/plugins/rollout_hf/src),
-# PARTS (tests decode mix warm merge profile train ref: which parts to run, in that order), RUNS (timed
+# PARTS (tests decode mix warm toggle profile train ref: which parts to run, in that order), RUNS (timed
 # runs, 3), TESTS_TIMEOUT (seconds for the CUDA tests, 600), TOKENS_15B (the 1.5B train run's update
 # budget), BASELINE_ENGINE (the folder holding the baseline's engine_fsdp/src and engine_kit/src).
 set -uo pipefail
@@ -76,18 +76,22 @@ for part in ${PARTS:-tests decode mix warm}; do
                 --max-tokens $budgets --runs "${RUNS:-3}" --label $side "${source_arg[@]}" \
                 --json "$results/ref.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
         done 2>&1 | tee "$results/ref.log" ;;
-    merge)  # engine_kwargs.hf.merge_projections (q/k/v and gate/up as one GEMM each): off, on
-        for shape_rows in "qwen2-0.5b 32 256" "qwen2-0.5b 64 512"; do
-            set -- $shape_rows
-            for merge in false true; do
-                python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \
-                    --max-new-tokens "$3" --runs "${RUNS:-3}" --label "merge_$merge" \
-                    --hf "{\"merge_projections\": \"$merge\"}" \
-                    --greedy-out "$results/greedy_${1}_${3}_merge_$merge.pt" \
-                    --json "$results/merge.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
+    toggle)  # one engine_kwargs.hf option (TOGGLE: merge_projections) off, then on, at the
+        # shapes of TOGGLE_SHAPES ("prompts new-tokens shape" triples, ';' between), greedy rows
+        # compared
+        option=${TOGGLE:-merge_projections}
+        IFS=';' read -ra triples <<< "${TOGGLE_SHAPES:-32 256 qwen2-0.5b;64 512 qwen2-0.5b;64 512 qwen2.5-1.5b}"
+        for shape_rows in "${triples[@]}"; do
+            IFS=' ' read -r prompts tokens shape <<< "$shape_rows"
+            for value in false true; do
+                python3 benchmarks/gpu/bench_decode.py --shape "$shape" --prompts "$prompts" --n 8 \
+                    --max-new-tokens "$tokens" --runs "${RUNS:-3}" --label "${option}_$value" \
+                    --hf "{\"$option\": \"$value\"}" \
+                    --greedy-out "$results/greedy_${shape}_${tokens}_${option}_$value.pt" \
+                    --json "$results/$option.jsonl" 2>&1 | grep -v "Loading weights\|Writing model"
             done
-            python3 -c "import torch; a,b=(torch.load(f'$results/greedy_${1}_${3}_merge_'+s+'.pt') for s in ('false','true')); print('greedy rows equal (bf16):', int((a==b).all(1).sum()), 'of', a.shape[0])"
-        done 2>&1 | tee "$results/merge.log" ;;
+            python3 -c "import torch; a,b=(torch.load(f'$results/greedy_${shape}_${tokens}_${option}_'+s+'.pt') for s in ('false','true')); print('$shape $tokens: greedy rows equal (bf16):', int((a==b).all(1).sum()), 'of', a.shape[0])"
+        done 2>&1 | tee "$results/$option.log" ;;
     profile)  # PROFILE_SHAPE: "shape prompts new-tokens" (qwen2-0.5b 32 64)
         set -- ${PROFILE_SHAPE:-qwen2-0.5b 32 64}
         python3 benchmarks/gpu/bench_decode.py --shape "$1" --prompts "$2" --n 8 \

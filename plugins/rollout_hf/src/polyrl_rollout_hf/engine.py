@@ -36,6 +36,7 @@ from polyrl.api import (
 )
 from polyrl_rollout_hf.compile_cache import use_compile_cache
 from polyrl_rollout_hf.continuous import ContinuousBatch, Prefill, bytes_per_slot, decode_slots
+from polyrl_rollout_hf.decode_attention import unavailable_reason as kernel_unavailable_reason
 from polyrl_rollout_hf.fused_prefill import continue_prefill
 from polyrl_rollout_hf.fused_step import unsupported_reason as fused_unsupported_reason
 from polyrl_rollout_hf.prefix_cache import Block, Hit, PrefixCache, right_aligned
@@ -137,7 +138,10 @@ class HFRolloutEngine(RolloutEngine):
     :mod:`polyrl_rollout_hf.compile_cache`; ``false``, and
     ``auto`` on CPU: eager). ``merge_projections`` (``true``: the fused step computes each
     layer's q/k/v and gate/up with one GEMM each over stacked weights, the modules' parameters
-    becoming views of them, and ``auto``; ``false``: separate GEMMs).
+    becoming views of them, and ``auto``; ``false``: separate GEMMs). ``triton_attention``
+    (``auto``, and ``true``, which refuses a device or model without it: the fused step's
+    attention by the Triton kernel of :mod:`polyrl_rollout_hf.decode_attention`, on CUDA;
+    ``false``: SDPA).
     ``prefix_cache`` (``true``, and ``auto`` when ``multi_turn.enable``: keep the last call's
     KV, of its prompts or, with continuous batching, of its prompts and responses, so that a
     prompt extending one of them, a multi-turn episode's next turn, prefills only the new tokens,
@@ -207,6 +211,7 @@ class HFRolloutEngine(RolloutEngine):
         fused = _tri_state("fused_step", engine_option(config, "fused_step", "auto"))
         compiled = _tri_state("compile", engine_option(config, "compile", "auto"))
         merge = _tri_state("merge_projections", engine_option(config, "merge_projections", "auto"))
+        kernel = _tri_state("triton_attention", engine_option(config, "triton_attention", "auto"))
         # auto: the fused step wherever the model allows it; compiled on CUDA only, where it
         # removes the per-layer launch overhead that dominates a decode step (the CPU would pay
         # the compilation and gain little)
@@ -226,13 +231,22 @@ class HFRolloutEngine(RolloutEngine):
                         "actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true, but the "
                         f"fused decode step cannot run this model: {fused_reason}; use auto"
                     )
+                use_fused = fused is not False and fused_reason is None
+                kernel_reason = kernel_unavailable_reason(self.device)
+                if kernel is True and (kernel_reason or not use_fused):
+                    raise ConfigError(
+                        "actor_rollout_ref.rollout.engine_kwargs.hf.triton_attention=true, but "
+                        f"{kernel_reason or 'the fused decode step is off for this model'}; "
+                        "use auto"
+                    )
                 self.static_decode = StaticDecodePool(
                     self.model,
                     int(ctx.pad_token_id),
                     use_graphs=self.device.type == "cuda" and graphs is not False,
-                    fused=fused is not False and fused_reason is None,
+                    fused=use_fused,
                     compile=self.compiled,
                     merge=merge is True or (merge is None and MERGE_PROJECTIONS_BY_DEFAULT),
+                    attention_kernel=kernel is not False and kernel_reason is None,
                 )
             else:
                 logger.warning("hf rollout: eager decode loop, no static KV cache: %s", reason)

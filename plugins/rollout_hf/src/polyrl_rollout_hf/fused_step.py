@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from polyrl_rollout_hf.compiled_shapes import rows_dynamic
+from polyrl_rollout_hf.decode_attention import decode_attention
 
 # model_type values whose decoder layers are exactly the block below (no extra norms, scaled
 # embeddings, soft caps or sliding windows): transformers' Qwen2, Llama and Mistral classes.
@@ -267,8 +268,18 @@ class FusedDecodeStep:
     without any copy.
     """
 
-    def __init__(self, model: torch.nn.Module, *, compile: bool, merge: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        compile: bool,
+        merge: bool = False,
+        attention_kernel: bool = False,
+    ):
         self.model = model
+        # attention by :func:`~polyrl_rollout_hf.decode_attention.decode_attention` (reading to
+        # a device-side end, no span), else SDPA over the span with the mask
+        self.attention_kernel = bool(attention_kernel)
         # q/k/v and gate/up as one GEMM each (:func:`merge_projections`), else three and two
         self.merged = (
             merge_projections(model) if merge else [(None, None)] * len(model.model.layers)
@@ -300,12 +311,20 @@ class FusedDecodeStep:
         caches: list[tuple[torch.Tensor, torch.Tensor]],
         *,
         span: int | None = None,
+        read_end: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[rows, 1, V]`` after feeding ``input_ids [rows, 1]`` at ``position_ids
         [rows, 1]``; each layer's key and value are written at cache column ``column [1]`` of
         its ``(keys, values) [rows, KV, L, D]`` and attention reads the columns ``mask [rows, 1,
         1, L]`` allows among the first ``span`` (all by default: the caller knows that no row
-        attends past it)."""
+        attends past it). With the attention kernel, ``read_end [1]`` (on the device) takes the
+        span's place: the columns before it."""
+        rows = input_ids.shape[0]
+        kernel = self.attention_kernel
+        if kernel:
+            if read_end is None:
+                raise ValueError("the fused step's attention kernel needs read_end")
+            flat_mask = mask.view(rows, mask.shape[-1])
         mask = mask[..., :span]
         x = self.body.embed_tokens(input_ids)  # [rows, 1, hidden]
         cos, sin = self.body.rotary_emb(x, position_ids)  # [rows, 1, D]
@@ -318,10 +337,12 @@ class FusedDecodeStep:
             q, k, v = self.before(x, cos, sin, w, eps, kv_heads, head_dim)
             keys.index_copy_(2, column, k)
             values.index_copy_(2, column, v)
-            attention = F.scaled_dot_product_attention(
-                q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=self.scaling
-            )
-            attention = attention.reshape(x.shape[0], -1)
+            if kernel:
+                attention = decode_attention(q, keys, values, flat_mask, read_end, self.scaling)
+            else:
+                attention = F.scaled_dot_product_attention(
+                    q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=self.scaling
+                ).reshape(rows, -1)
             self.rows_dynamic(attention)
             x = self.after(x, attention, w, eps)
         self.rows_dynamic(x)

@@ -235,9 +235,13 @@ class StaticDecoder:
             self.position_ids = share.position_ids[: self.rows]
             self.mask = share.mask[: self.rows]
         self.mask2d = self.mask.view(self.rows, self.length)
-        # The fused step reads only the first ``span`` columns while the write column has not
-        # yet gone past them; the model's own forward always reads all of them.
-        self.spans = span_sizes(self.length) if fused is not None else [self.length]
+        # The fused step's attention kernel reads the columns before this device-side end (one
+        # graph for every step). SDPA in the fused step reads only the first ``span`` columns
+        # while the write column has not yet gone past them (a graph per span); the model's own
+        # forward always reads all of them.
+        self.read_end = torch.ones(1, dtype=torch.long, device=device)
+        spans = fused is not None and not fused.attention_kernel
+        self.spans = span_sizes(self.length) if spans else [self.length]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.real_rows = 0
@@ -321,6 +325,7 @@ class StaticDecoder:
         self.input_ids[: self.real_rows].copy_(tokens)
         self.mask2d[:, column] = True  # the token written at this slot sees itself
         self.write_column.fill_(column)
+        self.read_end.fill_(self.length if self.slot >= self.length else self.slot + 1)
         self.slot += 1
         if self.graphs:
             with torch.cuda.device(self.input_ids.device):  # replay on the graph's GPU
@@ -345,7 +350,13 @@ class StaticDecoder:
             caches = [(layer.keys, layer.values) for layer in self.cache.layers]
             column = self.write_column[:1]
             return self.fused(
-                self.input_ids, self.position_ids, self.mask, column, caches, span=span
+                self.input_ids,
+                self.position_ids,
+                self.mask,
+                column,
+                caches,
+                span=span,
+                read_end=self.read_end,
             )
         with decode_attention(self.model):
             return self.model(
@@ -365,6 +376,7 @@ class StaticDecoder:
             self.write_column.zero_()
             self.mask2d.zero_()
             self.mask2d[:, : warmup + 1] = True
+            self.read_end.fill_(warmup + 1)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -397,11 +409,16 @@ class StaticDecodePool:
         fused: bool = False,
         compile: bool = False,
         merge: bool = False,
+        attention_kernel: bool = False,
         max_decoders: int = 4,
     ):
         _register_attention()
         self.model = model
-        self.fused = FusedDecodeStep(model, compile=compile, merge=merge) if fused else None
+        self.fused = (
+            FusedDecodeStep(model, compile=compile, merge=merge, attention_kernel=attention_kernel)
+            if fused
+            else None
+        )
         self.pad_token_id = int(pad_token_id)
         self.use_graphs = bool(use_graphs)
         self.max_decoders = int(max_decoders)
