@@ -116,7 +116,7 @@ if triton is not None:
             keys = tl.load(
                 k_base + cols[:, None] * stride_kl + dims[None, :], mask=tile_ok, other=0.0
             )
-            scores = tl.dot(q, tl.trans(keys)) * qk_scale
+            scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * qk_scale
             scores = tl.where(allowed[None, :], scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, 1))
             shift = tl.where(new_best == float("-inf"), 0.0, new_best)
@@ -126,7 +126,9 @@ if triton is not None:
             values = tl.load(
                 v_base + cols[:, None] * stride_vl + dims[None, :], mask=tile_ok, other=0.0
             )
-            acc = acc * rescale[:, None] + tl.dot(weights.to(values.dtype), values)
+            acc = acc * rescale[:, None] + tl.dot(
+                weights.to(values.dtype), values, input_precision="ieee"
+            )
             best = new_best
         out_mask = (groups[:, None] < GROUP) & dim_ok[None, :]
         if SPLITS == 1:
