@@ -12,13 +12,11 @@ These keep a Ray of their own (:data:`KEEP_OWN_RAY`), and why:
 - test_faults_environment.py: looks at what the run's own process tree listens on, signals the
   run while its own Ray starts, and needs the cluster that the run started itself (which fails at
   once when it lacks GPUs; a joined one may grow).
-- test_faults_processes.py, test_faults_recovery.py, test_chaos.py: kill the run's process group
-  (Ray's processes with it) or Ray worker processes found among the run's children.
+- test_faults_processes.py, test_chaos.py: kill the run's process group (Ray's processes with
+  it) or Ray worker processes found among the run's children.
 - test_multi_node.py: a cluster of two nodes of its own.
 - test_plugin_discovery.py: plugins installed on the run's ``PYTHONPATH``; a joined cluster's
   workers start from the cluster's environment, not the run's.
-- test_split_placement.py's fault tests: the fault is switched on in the run's environment
-  (``POLYRL_TEST_WEIGHT_SYNC_FAULT``), which a joined cluster's workers do not see.
 
 core/tests/test_workers_ray.py and the plugins' tests are outside this folder and start Ray in
 the test process where they need it.
@@ -42,12 +40,9 @@ from polyrl.workers.cluster_probe import held_by_jobs
 KEEP_OWN_RAY = (
     "test_faults_environment.py",
     "test_faults_processes.py",
-    "test_faults_recovery.py",
     "test_chaos.py",
     "test_multi_node.py",
     "test_plugin_discovery.py",
-    "test_split_placement.py::test_a_rollout_worker_killed_mid_sync_ends_the_run",
-    "test_split_placement.py::test_a_sync_that_never_completes_times_out_naming_the_ranks",
 )
 #: How long a finished run's workers and placement groups may take to be released.
 RELEASE_TIMEOUT_S = 30.0

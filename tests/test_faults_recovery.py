@@ -4,6 +4,9 @@ complete checkpoint and finishes with exit status 0; the restart is in the metri
 ``restarts.jsonl``; every prompt is trained once per epoch (by the dataset index the step's
 batch carries, recorded by a spy around the trainer's step), and the steps trained again after
 the restart trained the same prompts as the first time.
+
+The runs join this session's shared Ray cluster (tests/conftest.py), as a user's runs join a
+cluster: their workers are that cluster's processes, found in its session.
 """
 
 from __future__ import annotations
@@ -52,15 +55,25 @@ polyrl.train(["recipe=tiny", f"trainer.default_local_dir={sys.argv[1]}", *sys.ar
 """
 
 
-def _busy_workers(session: int, call: str = "") -> list[psutil.Process]:
-    """The Ray worker processes of the run (in its session) that are running a call (``call``:
-    that one, e.g. ``__init__``)."""
+def _ray_sessions() -> set[int]:
+    """The sessions of the Ray nodes this test process started (the shared cluster's head runs
+    in a session of its own, tests/ray_nodes.py): its worker processes are in them."""
+    sessions = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error, OSError):
+            sessions.add(os.getsid(child.pid))
+    return sessions - {os.getsid(0)}
+
+
+def _busy_workers(sessions: set[int], call: str = "") -> list[psutil.Process]:
+    """The Ray worker processes in ``sessions`` (the cluster the run joined, or the run's own)
+    that are running a call (``call``: that one, e.g. ``__init__``)."""
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
             # the session first: one system call, where reading every process's command line
             # (a file each) at each poll took CPU from the run under test
-            if os.getsid(proc.pid) != session:
+            if os.getsid(proc.pid) not in sessions:
                 continue
             title = proc.cmdline()[:1]
             if title and title[0].startswith(f"ray::Worker.{call}"):
@@ -120,10 +133,11 @@ def test_a_killed_worker_is_replaced_and_the_run_trains_every_prompt_once_per_ep
         "trainer.max_restarts=2",
     ]  # fmt: skip
     proc, out, steps_file, log = _launch(tmp_path, overrides)
+    sessions = {proc.pid, *_ray_sessions()}
     code = _kill_one_then_wait(
         proc,
         log,
-        lambda: _busy_workers(proc.pid) if len(_metric_records(out)) >= 3 else [],
+        lambda: _busy_workers(sessions) if len(_metric_records(out)) >= 3 else [],
         within_s=240,
     )
     output = log.read_text()
@@ -168,7 +182,8 @@ def test_a_worker_killed_while_the_workers_start_is_replaced_before_the_first_st
         "trainer.max_restarts=1",
     ]  # fmt: skip
     proc, out, _, log = _launch(tmp_path, overrides)
-    code = _kill_one_then_wait(proc, log, lambda: _busy_workers(proc.pid, "__init__"), within_s=120)
+    sessions = {proc.pid, *_ray_sessions()}
+    code = _kill_one_then_wait(proc, log, lambda: _busy_workers(sessions, "__init__"), within_s=120)
     output = log.read_text()
     assert code == 0, output[-6000:]
     assert "lost while the workers started; starting them again" in output, output[-4000:]

@@ -350,6 +350,12 @@ class WorkerGroup(SPMDGroup):
             # DeepSpeed, imported by accelerate whenever a model is saved (even by the FSDP
             # engine), warns that it found no GPU unless it is told its accelerator.
             env["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
+        from polyrl.workers.transport import FAULT_ENV
+
+        if FAULT_ENV in os.environ:
+            # The weight-sync test hook reaches the workers on any cluster: those of a joined
+            # one start from the cluster's environment, not this process's.
+            env[FAULT_ENV] = os.environ[FAULT_ENV]
         self.workers = [
             remote_cls.options(
                 scheduling_strategy=strategy(rank),
