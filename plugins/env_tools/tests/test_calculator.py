@@ -7,6 +7,8 @@ reward, and the answer copied from the tool scores 1."""
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -29,7 +31,10 @@ from polyrl.models.tiny import EOS_TOKEN_ID, PAD_TOKEN_ID, build_tiny_model
 from polyrl_env_tools.calculator import CalculatorEnvironment
 from polyrl_env_tools.evaluate import hf_generate
 
-pytest.importorskip("reasoning_gym")
+# Located, not imported: collecting this file must not load reasoning_gym into every test process.
+pytestmark = pytest.mark.skipif(
+    find_spec("reasoning_gym") is None, reason="pip install 'polyrl[reasoning-gym]'"
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import vf_envs
 
 from polyrl.api import (
     END_DONE,
@@ -57,6 +56,8 @@ def test_single_turn_reward_is_the_rubrics_weighted_sum(config_of) -> None:
     assert result.metrics["verifiers/says_answer"] == 1.0
     assert result.metrics["verifiers/brevity"] == pytest.approx(0.2)
     assert result.metrics["verifiers/num_turns"] == 1.0  # MultiTurnEnv's monitor rubric
+    import vf_envs  # verifiers: imported by the tests that run, not by collecting this file
+
     completion = [{"role": "assistant", "content": "It is 8 ok"}]
     own = vf_envs.says_answer(completion, "8") + 0.5 * vf_envs.brevity(completion)
     assert result.reward == pytest.approx(own)

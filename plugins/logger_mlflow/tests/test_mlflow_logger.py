@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import pytest
-
-pytest.importorskip("mlflow")
-
-from mlflow.tracking import MlflowClient
 
 from polyrl.api import LoggerContext
 from polyrl_logger_mlflow.logger import MlflowLogger, flat_params, metric_name, tracking_uri
 from polyrl_logger_mlflow.settings import MlflowSettings
+
+# Located, not imported: collecting this file must not load mlflow (about a second) into every
+# test process; the tests that read a run back import its client.
+pytestmark = pytest.mark.skipif(find_spec("mlflow") is None, reason="pip install mlflow-skinny")
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
 
 CONFIG = {"trainer": {"seed": 7, "logger": ["console", "mlflow"]}, "plugins": {}}
 
@@ -27,7 +36,7 @@ def _ctx(tmp_path, resumed_from_step: int = 0) -> LoggerContext:
 
 
 def _history(logger: MlflowLogger, key: str) -> list[tuple[int, float]]:
-    client = MlflowClient(tracking_uri=logger.uri)
+    client = _client(logger.uri)
     return sorted((m.step, m.value) for m in client.get_metric_history(logger.run_id, key))
 
 
@@ -40,7 +49,7 @@ def test_metrics_config_and_the_reward_curve_are_recorded(tmp_path) -> None:
     logger.log_image("reward_curve", str(curve), 3)
     logger.finish()
 
-    client = MlflowClient(tracking_uri=logger.uri)
+    client = _client(logger.uri)
     run = client.get_run(logger.run_id)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "run-a"
@@ -100,7 +109,7 @@ def test_validation_samples_are_a_json_lines_artifact_per_step(tmp_path) -> None
     row = {"step": 3, "data_source": "src", "prompt": "2+2?", "output": "4", "score": 1.0}
     logger.log_generations([row, {**row, "prompt": "3+3?"}], 3)
     logger.finish()
-    client = MlflowClient(tracking_uri=logger.uri)
+    client = _client(logger.uri)
     (artifact,) = client.list_artifacts(logger.run_id, "val_generations")
     assert artifact.path == "val_generations/step_00000003.jsonl"
     local = client.download_artifacts(logger.run_id, artifact.path, str(tmp_path / "down"))

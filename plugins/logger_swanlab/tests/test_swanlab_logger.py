@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import glob
 import os
+from importlib.util import find_spec
 
 import pytest
-
-pytest.importorskip("swanlab")
 
 from polyrl.api import LoggerContext
 from polyrl_logger_swanlab.logger import SwanlabLogger
 from polyrl_logger_swanlab.settings import check_config
+
+# Located, not imported: collecting this file must not load swanlab into every test process.
+pytestmark = pytest.mark.skipif(find_spec("swanlab") is None, reason="pip install swanlab")
 
 CONFIG = {"trainer": {"seed": 7}, "plugins": {}}
 
