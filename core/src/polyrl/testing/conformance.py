@@ -23,8 +23,10 @@ torch is imported inside the tests, never when this module is imported.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import is_dataclass
@@ -62,6 +64,24 @@ def _entry_point_module(provenance: Provenance) -> str | None:
         ):
             return ep.value.partition(":")[0]
     return None
+
+
+@functools.cache
+def _heavy_imports_of(module: str, pythonpath: str | None) -> tuple[int, str, list[str]]:
+    """``(exit status, stderr, the HEAVY_MODULES loaded)`` of importing ``module`` in a fresh
+    interpreter. Once per module (and ``PYTHONPATH``) in a process: a package's registrations
+    share their entry-point module, and each of its conformance classes asks about it."""
+    code = (
+        "import importlib, json, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"print(json.dumps([m for m in {list(HEAVY_MODULES)!r} if m in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0:
+        return done.returncode, done.stderr, []
+    return 0, done.stderr, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _scalar(value: Any) -> float:
@@ -142,16 +162,8 @@ class _PluginConformance:
         module = _entry_point_module(registration.provenance)
         if module is None:
             pytest.skip("not installed through an entry point (plugin_module is in-process)")
-        code = (
-            "import importlib, json, sys\n"
-            f"importlib.import_module({module!r})\n"
-            f"print(json.dumps([m for m in {list(HEAVY_MODULES)!r} if m in sys.modules]))\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-        )
-        assert done.returncode == 0, done.stderr
-        heavy = json.loads(done.stdout.strip().splitlines()[-1])
+        code, stderr, heavy = _heavy_imports_of(module, os.environ.get("PYTHONPATH"))
+        assert code == 0, stderr
         assert heavy == [], (
             f"importing {module} imports {heavy}; name implementations by import string "
             f"('pkg.module:Class') or import inside the hookimpl"
