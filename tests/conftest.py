@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray_nodes import free_port, head_args, node_args, start_node, stop_nodes, wait_for_nodes
+from ray_nodes import free_port, head_args, node_args, start_node, stop_nodes, wait_for_start
 
 from polyrl.workers.cluster_probe import held_by_jobs
 
@@ -74,7 +74,7 @@ def shared_ray() -> Iterator[str]:
     log = Path(temp_dir, "head.log")
     head = start_node([*head_args(port), *node_args(SHARED_CLUSTER_CPUS, temp_dir)], log, env)
     try:
-        wait_for_nodes(address, 1, env, timeout_s=90)
+        wait_for_start(head, log, timeout_s=90)
         yield address
     finally:
         stop_nodes([head], temp_dir)

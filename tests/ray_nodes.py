@@ -52,16 +52,38 @@ def node_args(num_cpus: int, temp_dir: str, *extra: str) -> list[str]:
     ]
 
 
+#: What ``ray start`` prints once its node is up: after the node's raylet has registered with the
+#: GCS, so a driver can join the cluster from then on.
+STARTED = "Ray runtime started."
+
+
 def start_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``ray start --block ...`` in a session of its own, its output in ``log``."""
+    """``ray start --block ...`` in a session of its own, its output in ``log`` (unbuffered, so
+    that :func:`wait_for_start` sees its lines as they are printed)."""
     with log.open("w") as out:
         return subprocess.Popen(
             [*RAY, "start", "--block", *args],
-            env=env,
+            env={**env, "PYTHONUNBUFFERED": "1"},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def wait_for_start(node: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Until the node that :func:`start_node` started is up (:data:`STARTED` in its log).
+
+    Reading the log costs nothing, where each ``ray status`` of :func:`wait_for_nodes` is an
+    interpreter importing Ray, seconds of CPU taken from the starting node; and ``ray status``
+    lists a node only once the autoscaler's monitor has reported it, seconds after a driver
+    could have joined."""
+    deadline = time.monotonic() + timeout_s
+    while STARTED not in (text := log.read_text(errors="replace")):
+        if node.poll() is not None:
+            raise RuntimeError(f"ray start exited with status {node.returncode}:\n{text}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ray start not up in {timeout_s} s:\n{text}")
+        time.sleep(0.1)
 
 
 def wait_for_nodes(address: str, count: int, env: dict[str, str], timeout_s: float) -> set[str]:

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from ray_nodes import free_port, head_args, node_args, start_node, stop_nodes, wait_for_nodes
+from ray_nodes import (
+    free_port,
+    head_args,
+    node_args,
+    start_node,
+    stop_nodes,
+    wait_for_nodes,
+    wait_for_start,
+)
 from test_train_tiny import polyrl_train, read_records
 
 pytestmark = pytest.mark.slow
@@ -54,9 +62,14 @@ def cluster() -> Iterator[Cluster]:
     address = f"127.0.0.1:{port}"
     nodes: list[subprocess.Popen] = []
     try:
+        logs = []
         for role in (head_args(port), [f"--address={address}"]):
             args = [*role, *node_args(1, temp_dir, "--object-store-memory=100000000")]
-            nodes.append(start_node(args, Path(temp_dir, f"node{len(nodes)}.log"), env))
+            logs.append(Path(temp_dir, f"node{len(nodes)}.log"))
+            nodes.append(start_node(args, logs[-1], env))
+        for node, log in zip(nodes, logs, strict=True):
+            wait_for_start(node, log, timeout_s=90)
+        # the node ids, from `ray status` once both nodes are up
         yield Cluster(address, wait_for_nodes(address, 2, env, timeout_s=90))
     finally:
         stop_nodes(nodes, temp_dir)
