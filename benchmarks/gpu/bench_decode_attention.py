@@ -115,6 +115,8 @@ def main() -> None:
             record["sides_max_diff"] = between.max().item()
             record["sides_equal_share"] = (between == 0).float().mean().item()
             s, k = record["sdpa"], record["kernel"]
+            one_part = functools.partial(kernel, splits=1)
+            record["kernel_one_part_us"] = timed(one_part, args.repeats) * 1e6
             print(
                 f"{shape}, read end {end} (span {span}): SDPA {s['us']:.1f} us "
                 f"({s['tb_per_s']:.2f} TB/s, {100 * s['bandwidth_share']:.0f} %), kernel "
@@ -122,7 +124,8 @@ def main() -> None:
                 f"{s['us'] / k['us']:.2f}x; error vs float64 max/mean: SDPA "
                 f"{s['max_error']:.1e}/{s['mean_error']:.1e}, kernel "
                 f"{k['max_error']:.1e}/{k['mean_error']:.1e}; between them max "
-                f"{record['sides_max_diff']:.1e}, {100 * record['sides_equal_share']:.1f} % equal"
+                f"{record['sides_max_diff']:.1e}, {100 * record['sides_equal_share']:.1f} % equal; "
+                f"the kernel unsplit {record['kernel_one_part_us']:.1f} us"
             )
             records.append(record)
     if args.json:
