@@ -1,5 +1,5 @@
 """``python -m polyrl`` is the ``polyrl`` command."""
 
-from polyrl.cli import main
+from polyrl.cli import exit_now, main
 
-raise SystemExit(main())
+exit_now(main())
