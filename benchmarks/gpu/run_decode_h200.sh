@@ -54,9 +54,11 @@ for part in ${PARTS:-tests decode mix warm}; do
         # 80 GB card beside the rest of the step: 8192 there; the no-grad passes keep 16384);
         # every run's metrics go to train.jsonl.
         run=0
-        for shape_rows in "qwen2-0.5b 32 256 16384" "qwen2-0.5b 64 512 16384" \
-            "qwen2-0.5b 32 256 16384" "qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}"; do
-            set -- $shape_rows
+        # TRAIN_SHAPES ("shape prompts response tokens" quadruples, ';' between) replaces the list.
+        IFS=';' read -ra runs <<< "${TRAIN_SHAPES:-qwen2-0.5b 32 256 16384;qwen2-0.5b 64 512 16384;qwen2-0.5b 32 256 16384;qwen2.5-1.5b 64 512 ${TOKENS_15B:-16384}}"
+        for shape_rows in "${runs[@]}"; do
+            IFS=' ' read -r -a fields <<< "$shape_rows"
+            set -- "${fields[@]}"
             run=$((run + 1))
             EXTRA="actor_rollout_ref.rollout.engine_kwargs.hf.fused_step=true actor_rollout_ref.rollout.engine_kwargs.hf.compile=true" \
             OUT=/tmp/polyrl-gpu SHAPE=$1 PROMPTS=$2 RESPONSE=$3 TOKENS=$4 LOGPROB_TOKENS=16384 STEPS=${STEPS:-3} \
