@@ -1,5 +1,5 @@
 """``python -m polyrl`` is the ``polyrl`` command."""
 
-from polyrl.cli import exit_now, main
+from polyrl.cli import main
 
-exit_now(main())
+raise SystemExit(main())

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from polyrl import __version__
 from polyrl.errors import PolyrlError
@@ -410,29 +410,6 @@ def _interruption(exc: BaseException) -> tuple[str, int] | None:
             return "Ctrl-C", 130
         current = current.__cause__ or current.__context__
     return None
-
-
-def exit_now(code: int) -> NoReturn:
-    """End this process with ``code`` as the interpreter's exit does, less its teardown.
-
-    What an exit does that a command relies on is done here: the threads that are not daemons
-    are waited for, the ``atexit`` handlers run (Ray's shutdown, the loggers'), stdout and
-    stderr are flushed. What is left out is freeing every module and object one by one (torch,
-    transformers, Ray and a run's models), over a second of CPU after a run. polyrl's own files
-    are flushed as they are written; a file that other code leaves open and unflushed, counting
-    on that teardown to flush it, would lose its buffer. For ``python -m polyrl``, a process of
-    its own; never where ``main`` is called from other code."""
-    import atexit
-    import contextlib
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed, or a pipe whose reader left
-            stream.flush()
-    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
