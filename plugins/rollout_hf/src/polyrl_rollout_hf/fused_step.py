@@ -5,8 +5,9 @@ kernel it launches (an RMSNorm is six, a rotary embedding about ten), and at a f
 each these, not the weights' bytes or the FLOPs, set the step time of a small model. Here the same
 arithmetic is written as two functions per decoder layer, the one before attention (norm, q/k/v
 projections, rotary embedding) and the one after it (output projection, residual, norm, gated
-MLP, residual), which Inductor fuses into a few kernels each; the KV-cache write and SDPA run
-between them unchanged. Every layer calls the same two compiled graphs (weights are arguments),
+MLP, residual), which Inductor fuses into a few kernels each; the KV-cache write and the
+attention (SDPA, or on CUDA the kernel of :mod:`polyrl_rollout_hf.decode_attention`) run between
+them. Every layer calls the same two compiled graphs (weights are arguments),
 so compiling costs two small graphs, not a model, and Inductor's on-disk caches
 (:mod:`polyrl_rollout_hf.compile_cache`) make a later run's compile a cache load.
 
