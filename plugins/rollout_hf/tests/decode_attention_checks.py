@@ -14,8 +14,7 @@ import sys
 import torch
 from hf_engines import build_gqa_model, hf_engine
 
-from polyrl.batch import Batch
-from polyrl.interfaces import SamplingParams
+from polyrl.api import Batch, SamplingParams
 from polyrl_rollout_hf.decode_attention import decode_attention
 
 # rows, KV heads, query heads per KV head, head dim, cache columns, read end, splits (None: the

@@ -61,7 +61,7 @@ def test_the_kernel_is_refused_where_it_cannot_run(tmp_path):
     from decode_attention_checks import engine
     from hf_engines import build_gqa_model
 
-    from polyrl.errors import ConfigError
+    from polyrl.api import ConfigError
 
     if torch.cuda.is_available():
         pytest.skip("the refusal is for a device without CUDA")
