@@ -325,7 +325,8 @@ class StaticDecoder:
         self.input_ids[: self.real_rows].copy_(tokens)
         self.mask2d[:, column] = True  # the token written at this slot sees itself
         self.write_column.fill_(column)
-        self.read_end.fill_(self.length if self.slot >= self.length else self.slot + 1)
+        if self.fused is not None and self.fused.attention_kernel:
+            self.read_end.fill_(self.length if self.slot >= self.length else self.slot + 1)
         self.slot += 1
         if self.graphs:
             with torch.cuda.device(self.input_ids.device):  # replay on the graph's GPU
