@@ -68,4 +68,6 @@ def test_the_kernel_is_refused_where_it_cannot_run(tmp_path):
     path = build_gqa_model(str(tmp_path / "gqa"))
     with pytest.raises(ConfigError, match=r"engine_kwargs\.hf\.triton_attention=true, but"):
         engine(path, "cpu", triton_attention="true")
+    with pytest.raises(ConfigError, match=r"triton_attention=true, but device 'cpu'"):
+        engine(path, "cpu", static_cache="false", triton_attention="true")  # no static step
     assert not engine(path, "cpu").static_decode.fused.attention_kernel  # auto: SDPA on CPU

@@ -222,6 +222,9 @@ class HFRolloutEngine(RolloutEngine):
         self.done_check_every = CUDA_DONE_CHECK_EVERY if self.device.type == "cuda" else 1
         if self.compiled:
             use_compile_cache()
+        kernel_reason = kernel_unavailable_reason(self.device)
+        if kernel is True and not wanted:
+            kernel_reason = kernel_reason or "the static KV cache is off"
         if wanted:
             reason = unsupported_reason(self.model)
             if reason is None:
@@ -232,13 +235,8 @@ class HFRolloutEngine(RolloutEngine):
                         f"fused decode step cannot run this model: {fused_reason}; use auto"
                     )
                 use_fused = fused is not False and fused_reason is None
-                kernel_reason = kernel_unavailable_reason(self.device)
-                if kernel is True and (kernel_reason or not use_fused):
-                    raise ConfigError(
-                        "actor_rollout_ref.rollout.engine_kwargs.hf.triton_attention=true, but "
-                        f"{kernel_reason or 'the fused decode step is off for this model'}; "
-                        "use auto"
-                    )
+                if kernel is True and not use_fused:
+                    kernel_reason = kernel_reason or "the fused decode step is off for this model"
                 self.static_decode = StaticDecodePool(
                     self.model,
                     int(ctx.pad_token_id),
@@ -250,6 +248,12 @@ class HFRolloutEngine(RolloutEngine):
                 )
             else:
                 logger.warning("hf rollout: eager decode loop, no static KV cache: %s", reason)
+                kernel_reason = kernel_reason or "the static KV cache cannot run this model"
+        if kernel is True and kernel_reason is not None:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.engine_kwargs.hf.triton_attention=true, but "
+                f"{kernel_reason}; use auto"
+            )
 
     # ---- generation ---------------------------------------------------------------------------
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
