@@ -3,8 +3,8 @@
 At the decode shapes of the issue's models (grouped query heads, a bool mask over the static
 cache), with the read end at a point of the call, each side runs as the fused step calls it:
 SDPA over the span (the quarter of the cache that covers the read end) with the mask, the kernel
-to the read end. Times are medians of CUDA-event timed loops; the bandwidth is what each side
-must read over its time:
+to the read end. Times are medians of CUDA-event timed replays of a CUDA graph of the call (as
+the step runs it); the bandwidth is what each side must read over its time:
 
     bytes = rows x KV x columns x D x 2 (keys and values) x 2 bytes   (columns: the span for
             SDPA, the read end for the kernel) + the mask's rows x columns bytes
@@ -33,26 +33,40 @@ SHAPES = {
     "qwen2-0.5b 512 rows": (512, 2, 7, 64, 768, (192, 320, 576)),
     "qwen2.5-1.5b 512 rows": (512, 2, 6, 128, 768, (192, 320, 576)),
     "qwen2.5-1.5b 64 rows": (64, 2, 6, 128, 768, (192, 576)),
+    # long caches with few rows, where the default splits the columns
+    "qwen2-0.5b 32 rows, 4k cache": (32, 2, 7, 64, 4096, (1024, 4096)),
+    "qwen2.5-1.5b 16 rows, 8k cache": (16, 2, 6, 128, 8192, (2048, 8192)),
 }
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` over ``repeats`` CUDA-event timed calls, after warm-up."""
-    for _ in range(3):
-        fn()
+def timed(fn, repeats: int, calls: int = 20) -> float:
+    """Median seconds of one ``fn`` call, from ``repeats`` CUDA-event timed replays of a CUDA
+    graph of ``calls`` calls: the fused step runs attention inside a captured graph, so the
+    host's launch cost (tens of microseconds, the size of the kernel itself) is left out."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / calls)
     return statistics.median(times)
 
 
 def main() -> None:
-    from polyrl_rollout_hf.decode_attention import decode_attention
+    from polyrl_rollout_hf.decode_attention import PROGRAMS_PER_SM, decode_attention, split_count
     from polyrl_rollout_hf.static_decode import span_sizes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -117,6 +131,12 @@ def main() -> None:
             s, k = record["sdpa"], record["kernel"]
             one_part = functools.partial(kernel, splits=1)
             record["kernel_one_part_us"] = timed(one_part, args.repeats) * 1e6
+            record["kernel_parts"] = split_count(
+                rows,
+                kv_heads,
+                length,
+                PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count,
+            )
             print(
                 f"{shape}, read end {end} (span {span}): SDPA {s['us']:.1f} us "
                 f"({s['tb_per_s']:.2f} TB/s, {100 * s['bandwidth_share']:.0f} %), kernel "
@@ -125,7 +145,8 @@ def main() -> None:
                 f"{s['max_error']:.1e}/{s['mean_error']:.1e}, kernel "
                 f"{k['max_error']:.1e}/{k['mean_error']:.1e}; between them max "
                 f"{record['sides_max_diff']:.1e}, {100 * record['sides_equal_share']:.1f} % equal; "
-                f"the kernel unsplit {record['kernel_one_part_us']:.1f} us"
+                f"the kernel in {record['kernel_parts']} part(s); unsplit "
+                f"{record['kernel_one_part_us']:.1f} us"
             )
             records.append(record)
     if args.json:

@@ -25,11 +25,12 @@ TRITON = pytest.mark.skipif(
 )
 
 
-def test_split_count_fills_the_gpu_without_empty_parts():
-    assert split_count(512, 2, 768, 64, 528) == 1  # enough rows: one pass per row
-    assert split_count(8, 2, 768, 64, 528) == 12  # 16 row-heads x 33 parts would be too many
-    assert split_count(8, 2, 128, 64, 528) == 2  # at most one part per block of columns
-    assert split_count(0, 2, 64, 64, 528) == 1
+def test_split_count_fills_the_gpu_with_long_parts_only():
+    assert split_count(512, 2, 8192, 528) == 1  # enough rows: one pass per row
+    assert split_count(8, 2, 65536, 528) == 33  # 16 row-heads x 33 parts fill 528 programs
+    assert split_count(8, 2, 8192, 528) == 8  # no part shorter than PART_COLUMNS
+    assert split_count(64, 2, 768, 528) == 1  # a short cache: parts would cost more than they save
+    assert split_count(0, 2, 64, 528) == 1
 
 
 @TRITON

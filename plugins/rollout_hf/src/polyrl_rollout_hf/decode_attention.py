@@ -1,5 +1,6 @@
 """Decode attention over the static KV cache as a Triton kernel: one pass over the columns that
-were written, split along them when there are too few rows to fill the GPU.
+were written, split along them when there are too few rows to fill the GPU and the cache is
+long.
 
 Why: SDPA is handed the whole cache (or a quarter-sized span of it) and a mask tensor, so a step
 reads columns no row has reached yet, and its kernel, tiled for long query blocks, keeps far from
@@ -28,6 +29,9 @@ except ImportError:  # the kernel is then unavailable; the step keeps SDPA
 
 # programs per streaming multiprocessor the split aims for: enough to hide memory latency
 PROGRAMS_PER_SM = 4
+# the fewest cache columns a part covers: below that, writing and combining the parts' partial
+# results costs more than the idle multiprocessors (`bench_decode_attention.py` compares them)
+PART_COLUMNS = 1024
 LOG2_E = 1.4426950408889634
 
 
@@ -49,11 +53,11 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def split_count(rows: int, kv_heads: int, length: int, block: int, programs: int) -> int:
-    """How many parts each row's columns are split into: enough that ``rows x kv_heads x parts``
-    reaches ``programs``, at most one part per ``block`` columns."""
+def split_count(rows: int, kv_heads: int, length: int, programs: int) -> int:
+    """How many parts each row's ``length`` cache columns are split into: enough that
+    ``rows x kv_heads x parts`` reaches ``programs``, each part at least ``PART_COLUMNS``."""
     pairs = max(1, rows * kv_heads)
-    return max(1, min(-(-programs // pairs), -(-length // block)))
+    return max(1, min(-(-programs // pairs), length // PART_COLUMNS))
 
 
 if triton is not None:
@@ -208,7 +212,7 @@ def decode_attention(
     block = 64 if dim_pad >= 128 else 128
     if splits is None:
         programs = PROGRAMS_PER_SM * (_sm_count(query.device.index or 0) if query.is_cuda else 1)
-        splits = split_count(rows, kv_heads, length, block, programs)
+        splits = split_count(rows, kv_heads, length, programs)
     out = torch.empty((rows, kv_heads * group * head_dim), dtype=query.dtype, device=query.device)
     acc = stats = out  # unused when the columns are not split
     if splits > 1:
