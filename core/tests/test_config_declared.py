@@ -30,6 +30,7 @@ built from the schema, and attribute access to an undeclared key raises.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -123,7 +124,13 @@ def _sources() -> list[Path]:
 
 
 SOURCES = _sources()
-TREES = {path: ast.parse(path.read_text(), filename=str(path)) for path in SOURCES}
+
+
+@functools.cache
+def trees() -> dict[Path, ast.AST]:
+    """Every source parsed, once, when a test first asks: at import, each test process would
+    parse them while collecting, whether or not it runs these tests."""
+    return {path: ast.parse(path.read_text(), filename=str(path)) for path in SOURCES}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -173,7 +180,7 @@ def read_names() -> set[str]:
     """Every attribute name, and every identifier in whole string constants, read outside the
     schema (docstrings and message texts excepted)."""
     names: set[str] = set()
-    for path, tree in TREES.items():
+    for path, tree in trees().items():
         if path in NOT_READERS:
             continue
         skip = _docstrings(tree)
@@ -197,7 +204,7 @@ def read_names() -> set[str]:
 def undeclared_reads() -> list[str]:
     """``file:line: what`` for every read of an undeclared key the scans find."""
     found = []
-    for path, tree in TREES.items():
+    for path, tree in trees().items():
         if path in (NOT_READERS[0], NOT_READERS[2]):
             continue
         where = path.relative_to(ROOT)
@@ -303,7 +310,7 @@ def test_no_undeclared_key_is_read() -> None:
 )
 def test_the_scan_catches(source: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = ROOT / "core" / "src" / "polyrl" / "_fake_reader.py"
-    monkeypatch.setitem(TREES, fake, ast.parse(source))
+    monkeypatch.setitem(trees(), fake, ast.parse(source))
     found = [f for f in undeclared_reads() if f.startswith("core/src/polyrl/_fake_reader.py")]
     assert len(found) == 1 and expected in found[0], found
 
@@ -322,5 +329,5 @@ def test_the_scan_leaves_declared_and_free_form_reads_alone(
         ]
     )
     fake = ROOT / "core" / "src" / "polyrl" / "_fake_reader.py"
-    monkeypatch.setitem(TREES, fake, ast.parse(source))
+    monkeypatch.setitem(trees(), fake, ast.parse(source))
     assert [f for f in undeclared_reads() if "_fake_reader" in f] == []
